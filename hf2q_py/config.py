@@ -1,0 +1,60 @@
+"""Typed options for generation; the CLI flags map onto these one to one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .draft_length import validate_k
+from .errors import Hf2qError
+from .proposers.ngram import validate_ngram
+
+METHODS = ("baseline", "ngram", "draft", "layerskip", "dflash")
+
+
+@dataclass
+class SpecConfig:
+    """Which proposer drafts, and how much.
+
+    ``k`` is the (maximum) draft length; ``adaptive`` lets the engine choose
+    K in [0, k] each round from measured acceptance and cost.
+    """
+
+    method: str = "baseline"
+    k: int = 8
+    adaptive: bool = True
+    ngram_min: int = 1
+    ngram_max: int = 3
+    draft: Any = None  # draft model: a Target or a load() source
+    draft_p_min: float = 0.0
+    skip_layers: Sequence[int] | str | None = None
+    drafter: Any = None  # DFlash drafter: a folder path or a loaded drafter
+
+    def validate(self) -> None:
+        if self.method not in METHODS:
+            raise Hf2qError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        validate_k(self.k)
+        validate_ngram(self.ngram_min, self.ngram_max)
+        if not 0.0 <= self.draft_p_min < 1.0:
+            raise Hf2qError(f"draft-p-min must be in [0, 1), got {self.draft_p_min}")
+        if self.method == "draft" and self.draft is None:
+            raise Hf2qError("method 'draft' needs a draft model (draft=... / --draft-model)")
+        if self.method == "dflash" and self.drafter is None:
+            raise Hf2qError("method 'dflash' needs a drafter (drafter=... / --drafter)")
+
+
+@dataclass
+class GenerationConfig:
+    """Everything one generation needs besides the model and the prompt."""
+
+    max_tokens: int = 256
+    stop: Sequence[str] = ()
+    chat_template: bool = True
+    spec: SpecConfig = field(default_factory=SpecConfig)
+
+    def validate(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise Hf2qError(f"max-tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if any(not s for s in self.stop):
+            raise Hf2qError("stop strings must not be empty")
+        self.spec.validate()

@@ -1,0 +1,171 @@
+"""Public generation API: ``generate`` and ``stream_generate``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Iterator, Sequence
+
+from .config import GenerationConfig, SpecConfig
+from .engine import RoundInfo, generate_tokens
+from .errors import Hf2qError
+from .methods import build_proposer
+from .stats import GenerationStats
+from .target import Target
+
+_SPEC_FIELDS = {f.name for f in fields(SpecConfig)}
+
+
+@dataclass
+class GenerationChunk:
+    """One streamed piece: new ``text`` and the ``tokens`` behind it."""
+
+    text: str
+    tokens: list[int]
+    stats: GenerationStats
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]
+    text: str
+    prompt_tokens: list[int]
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+    @property
+    def finish_reason(self) -> str:
+        return self.stats.finish_reason
+
+
+def encode_prompt(target: Target, prompt: str | Sequence[int], chat_template: bool = True) -> list[int]:
+    """Token ids for a prompt: strings go through the chat template when the
+    model has one (unless ``chat_template`` is False); id lists pass through."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise Hf2qError("the prompt is empty")
+        tok = target.tokenizer
+        if tok is None:
+            raise Hf2qError("this model has no tokenizer: pass the prompt as a list of token ids")
+        if chat_template and getattr(tok, "has_chat_template", False):
+            return list(
+                tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+            )
+        return list(tok.encode(prompt))
+    ids = list(prompt)
+    if not ids:
+        raise Hf2qError("the prompt is empty")
+    vocab = target.vocab_size
+    for t in ids:
+        if not isinstance(t, int) or t < 0 or (vocab is not None and t >= vocab):
+            raise Hf2qError(f"prompt token {t!r} is not a token id of this model (vocabulary {vocab})")
+    return ids
+
+
+def _split_options(options: dict[str, Any]) -> GenerationConfig:
+    spec_opts = {k: v for k, v in options.items() if k in _SPEC_FIELDS}
+    gen_opts = {k: v for k, v in options.items() if k not in _SPEC_FIELDS}
+    unknown = set(gen_opts) - {"max_tokens", "stop", "chat_template"}
+    if unknown:
+        raise Hf2qError(f"unknown option(s): {', '.join(sorted(unknown))}")
+    if isinstance(gen_opts.get("stop"), str):
+        gen_opts["stop"] = (gen_opts["stop"],)
+    config = GenerationConfig(spec=SpecConfig(**spec_opts), **gen_opts)
+    config.validate()
+    return config
+
+
+def stream_generate(
+    target: Target,
+    prompt: str | Sequence[int],
+    *,
+    on_round: Callable[[RoundInfo], None] | None = None,
+    config: GenerationConfig | None = None,
+    **options: Any,
+) -> Iterator[GenerationChunk]:
+    """Generate and yield text as it is decoded.
+
+    Options (or a ``GenerationConfig``): ``max_tokens``, ``stop``,
+    ``chat_template``, and the ``SpecConfig`` fields (``method``, ``k``,
+    ``adaptive``, ``ngram_min``, ``ngram_max``, ...). Greedy decoding.
+    ``on_round`` receives a ``RoundInfo`` per round (profiling).
+    """
+    if config is not None and options:
+        raise Hf2qError("pass either config= or keyword options, not both")
+    config = config or _split_options({"max_tokens": 256, **options})
+    ids = encode_prompt(target, prompt, config.chat_template)
+    proposer, policy = build_proposer(target, config.spec)
+    stats = GenerationStats(method=config.spec.method)
+    tok = target.tokenizer
+    detok = tok.detokenizer if tok is not None else None
+    if detok is not None:
+        detok.reset()
+    stops = tuple(config.stop)
+    hold = max((len(s) for s in stops), default=1) - 1
+    text, sent = "", 0
+    rounds = generate_tokens(
+        target,
+        ids,
+        max_tokens=config.max_tokens,
+        proposer=proposer,
+        policy=policy,
+        eos_token_ids=target.eos_token_ids,
+        stats=stats,
+        on_round=on_round,
+    )
+    try:
+        for new in rounds:
+            if detok is None:
+                yield GenerationChunk("", new, stats)
+                continue
+            taken: list[int] = []
+            stopped = False
+            for t in new:
+                taken.append(t)
+                detok.add_token(t)
+                text += detok.last_segment
+                if stops:
+                    hit = min((i for i in (text.find(s, max(0, sent - hold)) for s in stops) if i >= 0), default=-1)
+                    if hit >= 0:
+                        text, stopped = text[:hit], True
+                        break
+            if stopped:
+                stats.finish_reason = "stop"
+                stats.generated_tokens -= len(new) - len(taken)
+                yield GenerationChunk(text[sent:], taken, stats)
+                return
+            safe = len(text) - hold if stops else len(text)
+            yield GenerationChunk(text[sent:safe], taken, stats)
+            sent = max(sent, safe)
+        if detok is not None:
+            detok.finalize()
+            text += detok.last_segment
+            if len(text) > sent:
+                yield GenerationChunk(text[sent:], [], stats)
+    finally:
+        rounds.close()
+
+
+def generate(
+    target: Target,
+    prompt: str | Sequence[int],
+    *,
+    max_tokens: int = 256,
+    method: str = "baseline",
+    on_round: Callable[[RoundInfo], None] | None = None,
+    **options: Any,
+) -> GenerationResult:
+    """Generate a completion; returns tokens, text and statistics.
+
+    See :func:`stream_generate` for the options.
+    """
+    config = _split_options({"max_tokens": max_tokens, "method": method, **options})
+    ids = encode_prompt(target, prompt, config.chat_template)
+    tokens: list[int] = []
+    text = []
+    stats = None
+    for chunk in stream_generate(target, ids, config=config, on_round=on_round):
+        tokens.extend(chunk.tokens)
+        text.append(chunk.text)
+        stats = chunk.stats
+    if stats is None:
+        stats = GenerationStats(method=method)
+    return GenerationResult(tokens, "".join(text), ids, stats)

@@ -1,0 +1,42 @@
+"""``load(source)``: a model folder, a Hugging Face repo id in the local cache,
+a GGUF file, or (no source) the built-in SmolLM2-135M-Instruct."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+from ..errors import ModelLoadError
+from ..target import Target
+from .builtin import builtin_model_path
+from .convert import parse_dtype
+
+
+def load(source: str | Path | None = None, *, dtype: str | None = "auto") -> Target:
+    """Load a model for generation.
+
+    ``dtype``: "auto" (default) converts to float32 on the CPU and keeps the
+    stored weights on a GPU; "keep" keeps them (quantized weights stay
+    quantized: best on Metal); "float32", "float16" or "bfloat16" converts.
+    """
+    mx_dtype = parse_dtype(dtype)
+    if source is None or str(source) == "":
+        path = builtin_model_path()
+        from .gguf import load_gguf
+
+        return load_gguf(path, mx_dtype)
+    path = Path(source).expanduser()
+    if path.is_file():
+        if path.suffix.lower() == ".gguf" or _has_gguf_magic(path):
+            from .gguf import load_gguf
+
+            return load_gguf(path, mx_dtype)
+        raise ModelLoadError(f"{path}: not a GGUF file and not a model folder")
+    from .folder import load_folder
+
+    return load_folder(str(source), mx_dtype)
+
+
+def _has_gguf_magic(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"

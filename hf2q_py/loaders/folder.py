@@ -1,0 +1,51 @@
+"""mlx-lm / Hugging Face model folders, and repo ids already in the local HF cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+import mlx.core as mx
+
+from ..errors import ModelLoadError, UnsupportedModelError
+from ..target import Target
+from .convert import to_dtype
+
+
+def resolve_folder(source: str) -> Path:
+    """A local folder, or a repo id resolved offline from the Hugging Face cache."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ModelLoadError(f"{source}: not a model folder or GGUF file")
+    if source.count("/") != 1 or source.startswith((".", "/", "~")):
+        raise ModelLoadError(f"{source}: no such file or folder")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(source, local_files_only=True))
+    except Exception as e:  # huggingface_hub raises several offline error types
+        raise ModelLoadError(
+            f"{source}: no such folder, and not in the local Hugging Face cache "
+            f"(hf2q-py never downloads; fetch it first with `hf download {source}`)"
+        ) from e
+
+
+def load_folder(source: str, dtype: mx.Dtype | None) -> Target:
+    path = resolve_folder(source)
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path}: no config.json, so this is not a model folder")
+    if not list(path.glob("*.safetensors")):
+        raise ModelLoadError(f"{path}: no .safetensors weight files")
+    import mlx_lm
+
+    try:
+        model, tokenizer = mlx_lm.load(str(path))
+    except ValueError as e:
+        if "not supported" in str(e):
+            raise UnsupportedModelError(f"{path}: {e}") from e
+        raise ModelLoadError(f"{path}: {e}") from e
+    except Exception as e:
+        raise ModelLoadError(f"{path}: cannot load the model: {e}") from e
+    return Target(to_dtype(model, dtype), tokenizer, source=str(path))

@@ -1,0 +1,34 @@
+"""The one interface every draft source implements."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+
+class Proposer:
+    """Proposes draft tokens for the target to verify.
+
+    The engine calls ``start`` once after prefill, then per round
+    ``propose(tokens, k)`` with every committed token so far (prompt
+    included), and ``update`` after verification with how many of the drafts
+    were accepted. ``capture_layers`` names target layers whose hidden states
+    the proposer wants; the engine captures them in the target's own forwards
+    and passes them to ``start`` and ``update``.
+    """
+
+    name = "proposer"
+    capture_layers: tuple[int, ...] = ()
+
+    def start(self, runtime: Any, prompt: Sequence[int], hidden: dict[int, Any]) -> None:
+        """Called once, after the prompt (all but its last token) was prefilled."""
+
+    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+        """Up to ``k`` (>= 1) draft tokens to follow ``tokens``; [] for none."""
+        raise NotImplementedError
+
+    def update(
+        self, tokens: Sequence[int], drafted: int, accepted: int, hidden: dict[int, Any]
+    ) -> None:
+        """After a round: ``tokens`` now holds every committed token; ``hidden``
+        the captured states of the round's target forward (positions of the
+        inputs, accepted ones first)."""

@@ -1,0 +1,87 @@
+"""Prompt-lookup (n-gram) drafting: copy what followed the latest n-gram
+when it occurred earlier in the context. No model, no extra weights."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..errors import Hf2qError
+from .base import Proposer
+
+
+class NgramIndex:
+    """Incremental index of every n-gram (n in [min_n, max_n]) of a token list.
+
+    ``first[n][gram]`` is the end position (exclusive) of the gram's earliest
+    occurrence. ``extend`` indexes new tokens in O(max_n) each, so a lookup
+    never rescans the context.
+    """
+
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n = min_n, max_n
+        self.tokens: list[int] = []
+        self.first: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        for t in tokens:
+            self.tokens.append(t)
+            end = len(self.tokens)
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                self.first[n].setdefault(tuple(self.tokens[end - n : end]), end)
+
+    def truncate(self, length: int) -> None:
+        """Forget tokens past ``length`` (rebuilds: rare, only if history is rewritten)."""
+        kept = self.tokens[:length]
+        self.__init__(self.min_n, self.max_n)
+        self.extend(kept)
+
+    def lookup(self, k: int) -> list[int]:
+        """Drafts for the current suffix: longest matching n first, earliest occurrence."""
+        toks, size = self.tokens, len(self.tokens)
+        for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
+            end = self.first[n].get(tuple(toks[size - n :]))
+            if end is not None and end < size:
+                return toks[end : end + k]
+        return []
+
+
+def validate_ngram(min_n: int, max_n: int) -> None:
+    if min_n < 1:
+        raise Hf2qError(f"ngram-min must be >= 1, got {min_n}")
+    if max_n < min_n:
+        raise Hf2qError(f"ngram-max ({max_n}) must be >= ngram-min ({min_n})")
+
+
+class NgramProposer(Proposer):
+    """vLLM/hf2q prompt lookup: the longest suffix (<= max_n, >= min_n) of the
+    committed tokens that occurred earlier; among equal lengths the earliest
+    occurrence; drafts are the tokens that followed it."""
+
+    name = "ngram"
+
+    def __init__(self, min_n: int = 1, max_n: int = 3):
+        validate_ngram(min_n, max_n)
+        self.index = NgramIndex(min_n, max_n)
+
+    def _sync(self, tokens: Sequence[int]) -> None:
+        have = len(self.index.tokens)
+        if have > len(tokens) or (have and self.index.tokens[have - 1] != tokens[have - 1]):
+            self.index.truncate(0)
+            have = 0
+        self.index.extend(tokens[have:])
+
+    def start(self, runtime, prompt, hidden) -> None:
+        self.index.truncate(0)
+        self._sync(prompt)
+
+    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+        self._sync(tokens)
+        return self.index.lookup(k)
+
+
+def propose_ngram(tokens: Sequence[int], min_n: int, max_n: int, k: int) -> list[int]:
+    """One-shot lookup over ``tokens`` (builds a fresh index)."""
+    validate_ngram(min_n, max_n)
+    index = NgramIndex(min_n, max_n)
+    index.extend(tokens)
+    return index.lookup(k)

@@ -1,0 +1,95 @@
+"""Generation statistics: one dataclass per generation, filled by the engine."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class GenerationStats:
+    """Counts and timings of one generation.
+
+    A *round* is one target forward after prefill: a single-token decode when
+    nothing was proposed (``empty_proposals``), else one batched verify.
+    """
+
+    method: str = "baseline"
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    rounds: int = 0
+    empty_proposals: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    propose_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    sample_seconds: float = 0.0
+    position_drafted: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
+    finish_reason: str = ""
+
+    @property
+    def verify_rounds(self) -> int:
+        return self.rounds - self.empty_proposals
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts / drafted tokens."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """vLLM's definition: 1 + accepted drafts per verify round."""
+        return 1.0 + self.accepted / self.verify_rounds if self.verify_rounds else 1.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        """Share of drafts accepted at draft position i, among rounds that drafted it."""
+        return [a / d if d else 0.0 for a, d in zip(self.position_accepted, self.position_drafted)]
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def prefill_tokens_per_second(self) -> float:
+        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+
+    def record_round(self, drafted: int, accepted: int) -> None:
+        self.rounds += 1
+        if drafted == 0:
+            self.empty_proposals += 1
+            return
+        self.drafted += drafted
+        self.accepted += accepted
+        while len(self.position_drafted) < drafted:
+            self.position_drafted.append(0)
+            self.position_accepted.append(0)
+        for i in range(drafted):
+            self.position_drafted[i] += 1
+            if i < accepted:
+                self.position_accepted[i] += 1
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for name in (
+            "acceptance_rate",
+            "mean_accepted_length",
+            "per_position_acceptance",
+            "tokens_per_second",
+            "prefill_tokens_per_second",
+            "verify_rounds",
+        ):
+            d[name] = getattr(self, name)
+        return d
+
+    def summary(self) -> str:
+        s = f"{self.generated_tokens} tokens, {self.tokens_per_second:.1f} tok/s"
+        if self.drafted:
+            s += (
+                f", acceptance {self.acceptance_rate:.0%}, "
+                f"mean accepted length {self.mean_accepted_length:.2f}"
+            )
+        return s

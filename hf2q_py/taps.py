@@ -1,0 +1,133 @@
+"""Forward-pass taps on an mlx-lm model: capture hidden states, skip layers.
+
+mlx-lm models are plain ``nn.Module`` trees whose decoder keeps its layers in
+a list and ends with a final norm. For the length of one forward call we swap
+list entries (and the norm) for thin wrappers, then put the originals back:
+the model itself is never modified between calls, and the wrappers only add
+graph nodes that MLX evaluates lazily with the rest.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .errors import UnsupportedModelError
+
+
+def find_decoder(model: Any) -> Any:
+    """The inner module holding ``layers`` (a list) and the final ``norm``."""
+    candidates = [model]
+    for name in ("model", "language_model"):
+        sub = getattr(model, name, None)
+        if sub is not None:
+            candidates.append(sub)
+            inner = getattr(sub, "model", None)
+            if inner is not None:
+                candidates.append(inner)
+    for c in reversed(candidates):
+        if isinstance(getattr(c, "layers", None), list) and isinstance(
+            getattr(c, "norm", None), nn.Module
+        ):
+            return c
+    return None
+
+
+@dataclass
+class Recorder:
+    """Hidden states recorded during one forward call (lazy arrays)."""
+
+    layers: dict[int, mx.array] = field(default_factory=dict)
+    final: mx.array | None = None
+
+
+class _Capture(nn.Module):
+    def __init__(self, layer: nn.Module, index: int, rec: Recorder):
+        super().__init__()
+        self.layer, self.index, self.rec = layer, index, rec
+
+    def __call__(self, *args, **kwargs):
+        out = self.layer(*args, **kwargs)
+        self.rec.layers[self.index] = out[0] if isinstance(out, tuple) else out
+        return out
+
+
+class _Skip(nn.Module):
+    """Passes the hidden state through unchanged (the layer's residual stream)."""
+
+    def __call__(self, x, *args, **kwargs):
+        return x
+
+
+class _FinalNorm(nn.Module):
+    def __init__(self, norm: nn.Module, rec: Recorder | None, keep: slice | None):
+        super().__init__()
+        self.norm, self.rec, self.keep = norm, rec, keep
+
+    def __call__(self, x):
+        if self.keep is not None:
+            x = x[:, self.keep]
+        y = self.norm(x)
+        if self.rec is not None:
+            self.rec.final = y
+        return y
+
+
+def check_skippable(model: Any) -> None:
+    """Layer skipping needs decoder layers that map hidden -> hidden."""
+    dec = find_decoder(model)
+    if dec is None:
+        raise UnsupportedModelError("cannot find the decoder layers of this model")
+    if getattr(getattr(model, "args", None), "num_kv_shared_layers", 0):
+        raise UnsupportedModelError(
+            "layer skipping is not supported for models whose layers share KV caches "
+            "(gemma4_text with num_kv_shared_layers > 0)"
+        )
+
+
+@contextmanager
+def tapped(
+    model: Any,
+    *,
+    capture_layers: Sequence[int] = (),
+    capture_final: bool = False,
+    keep_positions: slice | None = None,
+    skip_layers: Sequence[int] = (),
+) -> Iterator[Recorder]:
+    """Run the body's forward call with the requested taps installed.
+
+    ``keep_positions`` slices the sequence before the final norm, so the
+    LM head is computed only for those positions.
+    """
+    rec = Recorder()
+    if not (capture_layers or capture_final or keep_positions is not None or skip_layers):
+        yield rec
+        return
+    dec = find_decoder(model)
+    if dec is None:
+        if capture_layers or capture_final or skip_layers:
+            raise UnsupportedModelError(
+                f"hidden-state capture and layer skipping need a decoder with "
+                f"'layers' and 'norm'; {type(model).__module__} has none"
+            )
+        yield rec
+        return
+    layers: list = dec.layers
+    saved = list(layers)
+    saved_norm = dec.norm
+    try:
+        for i in skip_layers:
+            layers[i] = _Skip()
+        for i in capture_layers:
+            layers[i] = _Capture(layers[i], i, rec)
+        if capture_final or keep_positions is not None:
+            dec.norm = _FinalNorm(saved_norm, rec if capture_final else None, keep_positions)
+        yield rec
+    finally:
+        layers[:] = saved
+        dec.norm = saved_norm
