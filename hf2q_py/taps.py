@@ -46,22 +46,29 @@ class Recorder:
     final: mx.array | None = None
 
 
-class _Capture(nn.Module):
-    def __init__(self, layer: nn.Module, index: int, rec: Recorder):
+class _Tap(nn.Module):
+    """Stands in for one decoder layer: runs it (or skips it, passing the
+    hidden state through) and records its output. Attribute reads such as
+    ``use_sliding`` or ``layer_type`` go to the wrapped layer."""
+
+    def __init__(self, layer: nn.Module, index: int, rec: Recorder | None, skip: bool):
         super().__init__()
-        self.layer, self.index, self.rec = layer, index, rec
+        self.layer, self.index, self.rec, self.skip = layer, index, rec, skip
 
-    def __call__(self, *args, **kwargs):
-        out = self.layer(*args, **kwargs)
-        self.rec.layers[self.index] = out[0] if isinstance(out, tuple) else out
-        return out
-
-
-class _Skip(nn.Module):
-    """Passes the hidden state through unchanged (the layer's residual stream)."""
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            layer = self.get("layer")
+            if layer is None:
+                raise
+            return getattr(layer, name)
 
     def __call__(self, x, *args, **kwargs):
-        return x
+        out = x if self.skip else self.layer(x, *args, **kwargs)
+        if self.rec is not None:
+            self.rec.layers[self.index] = out[0] if isinstance(out, tuple) else out
+        return out
 
 
 class _FinalNorm(nn.Module):
@@ -121,10 +128,9 @@ def tapped(
     saved = list(layers)
     saved_norm = dec.norm
     try:
-        for i in skip_layers:
-            layers[i] = _Skip()
-        for i in capture_layers:
-            layers[i] = _Capture(layers[i], i, rec)
+        skip, capture = set(skip_layers), set(capture_layers)
+        for i in skip | capture:
+            layers[i] = _Tap(saved[i], i, rec if i in capture else None, i in skip)
         if capture_final or keep_positions is not None:
             dec.norm = _FinalNorm(saved_norm, rec if capture_final else None, keep_positions)
         yield rec

@@ -40,6 +40,8 @@ class Target:
         self.tokenizer = tokenizer
         self.source = source
         self._decoder = find_decoder(model)
+        #: Token ids that end generation (from the tokenizer; may be replaced).
+        self.eos_token_ids: set[int] = set(tokenizer.eos_token_ids) if tokenizer is not None else set()
 
     @classmethod
     def from_mlx_lm(cls, model: Any, tokenizer: Any = None) -> "Target":
@@ -62,12 +64,6 @@ class Target:
     @property
     def vocab_size(self) -> int:
         return _config_value(self.model, "vocab_size")
-
-    @property
-    def eos_token_ids(self) -> set[int]:
-        if self.tokenizer is None:
-            return set()
-        return set(self.tokenizer.eos_token_ids)
 
     def runtime(self, slack: int = DEFAULT_SLACK) -> "Runtime":
         """A fresh sequence with an empty cache; ``slack`` bounds multi-step rollback

@@ -23,7 +23,7 @@ def parse_dtype(name: str | None) -> mx.Dtype | None:
     key = {"fp32": "float32", "f32": "float32", "fp16": "float16", "f16": "float16", "bf16": "bfloat16"}.get(name, name)
     if key not in DTYPES:
         raise Hf2qError(
-            f"unknown dtype {name!r}: use float32, float16, bfloat16, or leave it unset to keep the stored weights"
+            f"unknown dtype {name!r}: use auto, keep, float32, float16 or bfloat16"
         )
     return DTYPES[key]
 

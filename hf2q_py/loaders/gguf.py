@@ -170,9 +170,10 @@ def _unpermute(w: mx.array, n_head: int) -> mx.array:
 
 
 def convert_weights(
-    tensors: dict[str, mx.array], cfg: dict[str, Any], arch: str
+    tensors: dict[str, mx.array], cfg: dict[str, Any], arch: str, unpermute: bool = True
 ) -> tuple[dict[str, mx.array], dict[str, int]]:
-    """mlx-lm weight names and layouts; also the bits of each quantized layer."""
+    """mlx-lm weight names and layouts; also the bits of each quantized layer.
+    ``unpermute=False`` keeps llama.cpp's q/k row order (for checking it)."""
     out: dict[str, mx.array] = {}
     bits: dict[str, int] = {}
     for name, value in tensors.items():
@@ -180,7 +181,7 @@ def convert_weights(
         if mname is None:
             continue  # e.g. rope_freqs: recomputed by the model
         layer = mname.rsplit(".", 1)[0]
-        if arch == "llama" and (".q_proj." in mname or ".k_proj." in mname):
+        if unpermute and arch == "llama" and (".q_proj." in mname or ".k_proj." in mname):
             heads = cfg["num_attention_heads"] if ".q_proj." in mname else cfg["num_key_value_heads"]
             value = _unpermute(value, heads)
         if arch == "gemma3" and "norm" in layer.rsplit(".", 1)[-1] and mname.endswith(".weight"):
@@ -216,9 +217,9 @@ def _dequantize_all(
     out = {}
     for name, value in weights.items():
         layer, _, kind = name.rpartition(".")
-        if layer in bits:
-            if kind != "weight":
-                continue
+        if layer in bits and kind in ("scales", "biases"):
+            continue
+        if layer in bits and kind == "weight":
             value = mx.dequantize(
                 value,
                 weights[f"{layer}.scales"].astype(mx.float32),
@@ -242,6 +243,9 @@ def load_gguf(path: Path, dtype: mx.Dtype | None) -> Target:
     if dtype is not None or not bits:
         weights = _dequantize_all(weights, bits, dtype or mx.float16)
         bits = {}
+    elif mx.default_device() == mx.cpu:
+        # MLX's CPU quantized matmul is ~30x slower with float16 scales.
+        weights = {n: v.astype(mx.float32) if v.dtype == mx.float16 else v for n, v in weights.items()}
     model = _build(cfg, weights, bits)
     mx.eval(model.parameters())
     from .gguf_tokenizer import tokenizer_from_gguf

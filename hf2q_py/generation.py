@@ -83,17 +83,27 @@ def stream_generate(
 ) -> Iterator[GenerationChunk]:
     """Generate and yield text as it is decoded.
 
-    Options (or a ``GenerationConfig``): ``max_tokens``, ``stop``,
-    ``chat_template``, and the ``SpecConfig`` fields (``method``, ``k``,
-    ``adaptive``, ``ngram_min``, ``ngram_max``, ...). Greedy decoding.
-    ``on_round`` receives a ``RoundInfo`` per round (profiling).
+    Options (or a ``GenerationConfig``): ``max_tokens`` (default 256),
+    ``stop``, ``chat_template``, and the ``SpecConfig`` fields (``method``,
+    ``k``, ``adaptive``, ``ngram_min``, ``ngram_max``, ...). Greedy decoding.
+    ``on_round`` receives a ``RoundInfo`` per round (profiling); each chunk
+    carries the live ``GenerationStats``, complete once the stream ends.
     """
     if config is not None and options:
         raise Hf2qError("pass either config= or keyword options, not both")
     config = config or _split_options({"max_tokens": 256, **options})
     ids = encode_prompt(target, prompt, config.chat_template)
+    return _stream(target, ids, config, GenerationStats(method=config.spec.method), on_round)
+
+
+def _stream(
+    target: Target,
+    ids: list[int],
+    config: GenerationConfig,
+    stats: GenerationStats,
+    on_round: Callable[[RoundInfo], None] | None,
+) -> Iterator[GenerationChunk]:
     proposer, policy = build_proposer(target, config.spec)
-    stats = GenerationStats(method=config.spec.method)
     tok = target.tokenizer
     detok = tok.detokenizer if tok is not None else None
     if detok is not None:
@@ -123,9 +133,9 @@ def stream_generate(
                 detok.add_token(t)
                 text += detok.last_segment
                 if stops:
-                    hit = min((i for i in (text.find(s, max(0, sent - hold)) for s in stops) if i >= 0), default=-1)
-                    if hit >= 0:
-                        text, stopped = text[:hit], True
+                    hits = [i for i in (text.find(s, max(0, sent - hold)) for s in stops) if i >= 0]
+                    if hits:
+                        text, stopped = text[: min(hits)], True
                         break
             if stopped:
                 stats.finish_reason = "stop"
@@ -159,13 +169,10 @@ def generate(
     """
     config = _split_options({"max_tokens": max_tokens, "method": method, **options})
     ids = encode_prompt(target, prompt, config.chat_template)
+    stats = GenerationStats(method=method)
     tokens: list[int] = []
-    text = []
-    stats = None
-    for chunk in stream_generate(target, ids, config=config, on_round=on_round):
+    text: list[str] = []
+    for chunk in _stream(target, ids, config, stats, on_round):
         tokens.extend(chunk.tokens)
         text.append(chunk.text)
-        stats = chunk.stats
-    if stats is None:
-        stats = GenerationStats(method=method)
     return GenerationResult(tokens, "".join(text), ids, stats)

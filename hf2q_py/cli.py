@@ -1,0 +1,167 @@
+"""The ``hf2q-py`` command line: ``generate`` (and ``bench``, ``ab``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Sequence
+
+from .errors import Hf2qError
+
+_NO_OPENBLAS_BOOT = (
+    "import sys, warnings; "
+    "warnings.filterwarnings('ignore', message='hf2q_py: mlx.core was imported'); "
+    "import mlx.core; from hf2q_py.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="model folder, HF repo id (local cache) or GGUF file; default: built-in SmolLM2-135M-Instruct")
+    p.add_argument("--dtype", default="auto", help="auto (float32 on CPU, stored weights on GPU), keep, float32, float16, bfloat16")
+    p.add_argument("--no-openblas", action="store_true", help="keep MLX's own BLAS on Linux CPUs (slower; bit-identical batched/single-token matmuls)")
+
+
+def add_spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--method", default="baseline", help="baseline, ngram, draft, layerskip or dflash")
+    p.add_argument("--k", type=_positive_int, default=8, help="(maximum) draft length per round")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--adaptive", dest="adaptive", action="store_true", default=True, help="choose K each round from measured acceptance and cost (default)")
+    mode.add_argument("--fixed-k", dest="adaptive", action="store_false", help="always draft up to K tokens")
+    p.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram to look up (n-gram method)")
+    p.add_argument("--ngram-max", type=int, default=3, help="longest n-gram to look up (n-gram method)")
+
+
+def spec_options(args: argparse.Namespace) -> dict:
+    return dict(
+        method=args.method,
+        k=args.k,
+        adaptive=args.adaptive,
+        ngram_min=args.ngram_min,
+        ngram_max=args.ngram_max,
+    )
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is not None and args.prompt_file is not None:
+        raise Hf2qError("give --prompt or --prompt-file, not both")
+    if args.prompt_file is not None:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise Hf2qError(f"cannot read prompt file {args.prompt_file}: {e.strerror}") from None
+    elif args.prompt is not None:
+        text = args.prompt
+    else:
+        raise Hf2qError("give a prompt with --prompt TEXT or --prompt-file FILE")
+    if not text.strip():
+        raise Hf2qError("the prompt is empty")
+    return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage dump)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hf2q-py", description="Speculative decoding on MLX.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    g = sub.add_parser("generate", help="generate text from a prompt")
+    add_model_args(g)
+    g.add_argument("--prompt", default=None)
+    g.add_argument("--prompt-file", default=None)
+    g.add_argument("--max-tokens", type=_positive_int, default=256)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--no-chat-template", action="store_true", help="send the prompt as raw text")
+    add_spec_args(g)
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    g.add_argument("--profile", action="store_true", help="print one line per round to stderr")
+    return parser
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    prompt = read_prompt(args)
+    import hf2q_py
+    from hf2q_py.generation import encode_prompt
+
+    target = hf2q_py.load(args.model, dtype=args.dtype)
+    options = dict(
+        max_tokens=args.max_tokens,
+        stop=tuple(args.stop),
+        chat_template=not args.no_chat_template,
+        **spec_options(args),
+    )
+    on_round = None
+    if args.profile:
+
+        def on_round(r):
+            print(
+                f"round {r.index:4d}  k={r.k:2d} drafted={r.drafted:2d} accepted={r.accepted:2d} "
+                f"emitted={r.emitted:2d}  propose {r.propose_seconds * 1e3:7.2f} ms  "
+                f"verify {r.verify_seconds * 1e3:7.2f} ms  sample {r.sample_seconds * 1e3:6.2f} ms",
+                file=sys.stderr,
+            )
+
+    if args.json:
+        result = hf2q_py.generate(target, prompt, on_round=on_round, **options)
+        print(
+            json.dumps(
+                {
+                    "text": result.text,
+                    "tokens": result.tokens,
+                    "prompt_tokens": len(result.prompt_tokens),
+                    "finish_reason": result.finish_reason,
+                    "stats": result.stats.to_dict(),
+                }
+            )
+        )
+        return 0
+    stats = None
+    ids = encode_prompt(target, prompt, options["chat_template"])
+    for chunk in hf2q_py.stream_generate(target, ids, on_round=on_round, **options):
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+        stats = chunk.stats
+    sys.stdout.write("\n")
+    if stats is not None:
+        print(f"[{args.method}] {stats.summary()}", file=sys.stderr)
+    return 0
+
+
+COMMANDS = {"generate": cmd_generate}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "no_openblas", False) and "mlx.core" not in sys.modules:
+        # OpenBLAS is loaded when hf2q_py is imported; restart with mlx.core first.
+        os.execv(sys.executable, [sys.executable, "-c", _NO_OPENBLAS_BOOT, *argv])
+    try:
+        return COMMANDS[args.command](args)
+    except Hf2qError as e:
+        print(f"hf2q-py: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

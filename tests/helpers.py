@@ -1,0 +1,40 @@
+"""Shared assertions for tests."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.generate import generate_step
+
+NEAR_TIE = 1e-3  # batched vs single-token logits differ by ~1e-5 with OpenBLAS
+
+
+def reference_greedy(model, prompt: list[int], n: int, eos: set[int] = frozenset()) -> list[int]:
+    """mlx-lm's own greedy decoding: the ground truth."""
+    out = []
+    for tok, _ in generate_step(mx.array(prompt), model, max_tokens=n):
+        tok = int(tok)
+        if tok in eos:
+            break
+        out.append(tok)
+    return out
+
+
+def top2_margin(model, tokens: list[int]) -> float:
+    """Top-1 minus top-2 logit of the next token after ``tokens`` (full forward)."""
+    logits = model(mx.array([tokens]))[0, -1]
+    top = mx.sort(logits)[-2:].tolist()
+    return top[1] - top[0]
+
+
+def assert_same_greedy(model, prompt: list[int], got: list[int], want: list[int]) -> None:
+    """Equal token for token, or the first difference is a numerical near-tie."""
+    if got == want:
+        return
+    n = min(len(got), len(want))
+    i = next((j for j in range(n) if got[j] != want[j]), n)
+    assert i < n, f"lengths differ with equal prefix: {len(got)} vs {len(want)}"
+    margin = top2_margin(model, prompt + want[:i])
+    assert margin < NEAR_TIE, (
+        f"speculative output diverged at token {i} where the target's top-2 margin is "
+        f"{margin:.4g} (not a near-tie): got {got[i]}, want {want[i]}"
+    )

@@ -1,0 +1,76 @@
+"""The command line: JSON output, streaming, and one-line errors for bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "hf2q_py", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def assert_one_line_error(proc, *words):
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    for w in words:
+        assert w in lines[0]
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--prompt", "hi", "--max-tokens", "0"], ["max-tokens"]),
+        (["--prompt", "   "], ["empty"]),
+        ([], ["prompt"]),
+        (["--prompt", "hi", "--model", "/no/such/model.gguf"], ["no such file"]),
+        (["--prompt", "hi", "--method", "magic"], ["unknown method"]),
+        (["--prompt", "hi", "--k", "0"], ["--k"]),
+        (["--prompt", "hi", "--method", "ngram", "--ngram-min", "0"], ["ngram-min"]),
+        (["--prompt", "hi", "--dtype", "int3"], ["dtype"]),
+        (["--prompt-file", "/no/such/prompt.txt"], ["prompt file"]),
+    ],
+)
+def test_bad_input_gives_a_one_line_error(args, words):
+    assert_one_line_error(run("generate", *args), *words)
+
+
+def test_corrupt_and_unknown_model_files(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"\x00" * 100)
+    assert_one_line_error(run("generate", "--prompt", "hi", "--model", str(bad)), "bad.gguf")
+    import gguf
+    import numpy as np
+
+    odd = tmp_path / "odd.gguf"
+    w = gguf.GGUFWriter(str(odd), "rwkv6")
+    w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    assert_one_line_error(run("generate", "--prompt", "hi", "--model", str(odd)), "rwkv6", "not supported")
+
+
+@pytest.mark.slow
+def test_json_output_on_the_builtin_model():
+    proc = run("generate", "--prompt", "What is 2+2?", "--max-tokens", "6", "--method", "ngram", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert set(out) >= {"text", "tokens", "prompt_tokens", "stats"}
+    assert len(out["tokens"]) <= 6 and out["prompt_tokens"] > 0
+    for key in ("generated_tokens", "prefill_seconds", "decode_seconds", "tokens_per_second",
+                "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length"):
+        assert key in out["stats"]
+
+
+@pytest.mark.slow
+def test_streaming_output_and_summary(tmp_path):
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("Say hello.")
+    proc = run("generate", "--prompt-file", str(prompt), "--max-tokens", "5", "--profile")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip()
+    assert "tok/s" in proc.stderr.splitlines()[-1]

@@ -1,0 +1,74 @@
+"""Prompt lookup semantics (hf2q/vLLM) and its incremental index."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hf2q_py.errors import Hf2qError
+from hf2q_py.proposers.ngram import NgramProposer, propose_ngram
+
+
+@pytest.mark.parametrize(
+    "tokens, min_n, max_n, k, drafts",
+    [
+        ([10, 20, 30, 99, 88, 10, 20, 30], 1, 3, 3, [99, 88, 10]),
+        ([10, 20, 100, 10, 20, 200, 10, 20], 1, 3, 3, [100, 10, 20]),
+        ([1, 2, 3, 4, 5, 99, 1, 2, 3, 4, 5], 2, 2, 3, [99, 1, 2]),
+        ([1, 2, 3], 1, 3, 4, []),  # nothing repeats
+        ([7], 1, 3, 4, []),
+        ([5, 6, 5], 2, 3, 4, []),  # only a 1-gram repeats, below min_n
+        ([5, 6, 5], 1, 3, 4, [6, 5]),  # drafts stop at the end of the context
+    ],
+)
+def test_published_vectors(tokens, min_n, max_n, k, drafts):
+    assert propose_ngram(tokens, min_n, max_n, k) == drafts
+
+
+def brute_force(tokens, min_n, max_n, k):
+    """The definition, written the slow way."""
+    size = len(tokens)
+    for n in range(min(max_n, size - 1), min_n - 1, -1):
+        suffix = tokens[size - n :]
+        for start in range(0, size - n):
+            if tokens[start : start + n] == suffix:
+                return tokens[start + n : start + n + k]
+    return []
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    tokens=st.lists(st.integers(0, 5), min_size=1, max_size=60),
+    min_n=st.integers(1, 3),
+    extra=st.integers(0, 3),
+    k=st.integers(1, 8),
+)
+def test_matches_brute_force(tokens, min_n, extra, k):
+    assert propose_ngram(tokens, min_n, min_n + extra, k) == brute_force(tokens, min_n, min_n + extra, k)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    tokens=st.lists(st.integers(0, 4), min_size=2, max_size=80),
+    cuts=st.lists(st.integers(1, 10), min_size=1, max_size=10),
+)
+def test_incremental_index_equals_a_fresh_lookup(tokens, cuts):
+    """Growing the context round by round gives the same drafts as rebuilding."""
+    proposer = NgramProposer(1, 3)
+    proposer.start(None, tokens[:1], {})
+    end = 1
+    for c in cuts:
+        end = min(len(tokens), end + c)
+        assert proposer.propose(tokens[:end], 4) == brute_force(tokens[:end], 1, 3, 4)
+
+
+def test_a_rewritten_history_is_reindexed():
+    proposer = NgramProposer(1, 2)
+    proposer.start(None, [1, 2, 1], {})
+    assert proposer.propose([1, 2, 1], 2) == [2, 1]
+    assert proposer.propose([3, 4, 3], 2) == [4, 3]
+
+
+@pytest.mark.parametrize("min_n, max_n", [(0, 3), (3, 2), (-1, 1)])
+def test_bad_ngram_sizes_are_refused(min_n, max_n):
+    with pytest.raises(Hf2qError):
+        NgramProposer(min_n, max_n)
