@@ -92,7 +92,52 @@ def build_parser() -> argparse.ArgumentParser:
     add_spec_args(g)
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     g.add_argument("--profile", action="store_true", help="print one line per round to stderr")
+
+    b = sub.add_parser("bench", help="methods vs plain decoding on real workloads (Markdown table)")
+    add_model_args(b)
+    b.add_argument("--methods", default="ngram", help="comma-separated; options after ':' e.g. 'ngram:k=4,fixed' (separate methods with ';' when using options)")
+    b.add_argument("--max-tokens", type=_positive_int, default=256)
+    b.add_argument("--repeats", type=_positive_int, default=1)
+    b.add_argument("--only", default=None, help="run only workloads whose name contains this text")
+    b.add_argument("--markdown", default=None, help="also write the table to this file")
+    b.add_argument("--chart", default=None, help="write a PNG chart here (needs matplotlib)")
     return parser
+
+
+def split_methods(text: str) -> list[str]:
+    """'a;b:k=2,fixed' or 'a,b' (the latter only when no method has options)."""
+    if ";" in text or ":" in text:
+        return [m for m in (x.strip() for x in text.split(";")) if m]
+    return [m for m in (x.strip() for x in text.split(",")) if m]
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import hf2q_py
+    from hf2q_py.bench import markdown_table, parse_method, run_bench, save_chart, timestamp
+    from hf2q_py.workloads import default_workloads
+
+    methods = [parse_method(m) for m in split_methods(args.methods) if m != "baseline"]
+    if not methods:
+        raise Hf2qError("--methods names no method to compare with the baseline")
+    workloads = [w for w in default_workloads() if args.only is None or args.only in w.name]
+    if not workloads:
+        raise Hf2qError(f"no workload matches --only {args.only!r}")
+    target = hf2q_py.load(args.model, dtype=args.dtype)
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    rows = run_bench(target, workloads, methods, max_tokens=args.max_tokens, repeats=args.repeats, log=log)
+    table = markdown_table(rows)
+    header = (
+        f"hf2q-py bench, {timestamp()}: model {target.source}, dtype {args.dtype}, "
+        f"max_tokens {args.max_tokens}, repeats {args.repeats}, OpenBLAS {hf2q_py.openblas_status().state}\n"
+    )
+    print(header)
+    print(table)
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as f:
+            f.write(header + "\n" + table + "\n")
+    if args.chart and not save_chart(rows, args.chart):
+        print("hf2q-py: matplotlib is not installed; no chart written (pip install 'hf2q-py[chart]')", file=sys.stderr)
+    return 0
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -144,7 +189,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate}
+COMMANDS = {"generate": cmd_generate, "bench": cmd_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,7 +24,7 @@ from .draft_length import AdaptiveK, FixedK
 from .errors import Hf2qError
 from .proposers.base import Proposer
 from .stats import GenerationStats
-from .target import Target
+from .target import Forward, Target
 
 CLEAR_CACHE_EVERY = 256
 
@@ -60,6 +60,13 @@ def generate_tokens(
 ) -> Iterator[list[int]]:
     """Yield each round's newly committed tokens (greedy, temperature 0).
 
+    With no proposer this is plain decoding. Plain decode rounds are
+    pipelined as in mlx-lm: the next decode is queued before the current
+    token is read back, so graph building overlaps the forward. When the
+    proposer drafts during such a stretch, the queued decode's token is
+    committed first and speculation starts from the next round (drafts it
+    already confirmed are carried over), so no forward is wasted.
+
     EOS ends generation (the EOS token itself is not yielded) and
     ``max_tokens`` is never exceeded, also inside an accepted block.
     """
@@ -84,52 +91,90 @@ def generate_tokens(
     stats.prefill_seconds = time.perf_counter() - t0
     t_start = time.perf_counter()
     tokens = list(prompt)
-    try:
-        if proposer is None:
-            yield from _plain_decode(rt, tokens, max_tokens, eos, stats)
-            return
+    if proposer is not None:
         proposer.start(rt, prompt, hidden)
-        emitted = 0
-        while emitted < max_tokens:
-            tp = time.perf_counter()
-            k = min(policy.next_k(), max_tokens - emitted - 1)
-            drafts = proposer.propose(tokens, k)[:k] if k > 0 else []
-            tv = time.perf_counter()
-            fwd = rt.forward([tokens[-1], *drafts], capture_layers=capture)
-            targets = _greedy(fwd.logits).tolist()
-            ts = time.perf_counter()
-            n = 0
-            while n < len(drafts) and drafts[n] == targets[n]:
-                n += 1
-            new = drafts[:n] + [targets[n]]
-            rt.trim(len(drafts) - n)
-            te = time.perf_counter()
 
-            policy.update(len(drafts) + 1, ts - tv, len(drafts), n)
-            stats.record_round(len(drafts), n)
-            stats.propose_seconds += tv - tp
+    def decode(token) -> Forward:
+        """Queue a single-token forward; ``.logits`` becomes the next token (lazy)."""
+        fwd = rt.decode(token, capture_layers=capture)
+        fwd.logits = _greedy(fwd.logits[-1])
+        mx.async_eval(fwd.logits)
+        return fwd
+
+    def next_k() -> int:
+        if proposer is None:
+            return 0
+        return min(policy.next_k(), max_tokens - stats.generated_tokens - 1)
+
+    queued: Forward | None = None  # a decode of tokens[-1], already in flight
+    waiting: list[int] | None = None  # drafts proposed while a decode was in flight
+    carried: list[int] = []  # drafts for the current context that the decode confirmed
+    try:
+        while True:
+            if queued is None:
+                # -- a verify round, unless nothing is drafted ---------------
+                tp = time.perf_counter()
+                k = next_k()
+                drafts = (carried or (proposer.propose(tokens, k) if k > 0 else []))[:k]
+                carried = []
+                tv = time.perf_counter()
+                if not drafts:
+                    queued = decode(tokens[-1])
+                else:
+                    fwd = rt.verify([tokens[-1], *drafts], capture_layers=capture)
+                    targets = _greedy(fwd.logits).tolist()
+                    ts = time.perf_counter()
+                    n = 0
+                    while n < len(drafts) and drafts[n] == targets[n]:
+                        n += 1
+                    rt.trim(len(drafts) - n)
+                    new = drafts[:n] + [targets[n]]
+                    te = time.perf_counter()
+                    policy.update(len(drafts) + 1, ts - tv, len(drafts), n)
+                    stats.record_round(len(drafts), n)
+                    stats.propose_seconds += tv - tp
+                    stats.verify_seconds += ts - tv
+                    stats.sample_seconds += te - ts
+                    new, done = _commit(tokens, new, eos, max_tokens, stats)
+                    if on_round is not None:
+                        on_round(RoundInfo(stats.rounds, k, len(drafts), n, len(new), tv - tp, ts - tv, te - ts))
+                    if new:
+                        yield new
+                    if done:
+                        return
+                    proposer.update(tokens, len(drafts), n, fwd.hidden)
+                    continue
+            # -- a plain decode round: queue the next decode, then read this one
+            tv = time.perf_counter()
+            chain = waiting is None and stats.generated_tokens + 1 < max_tokens
+            following = decode(queued.logits) if chain else None
+            y = queued.logits.item()
+            ts = time.perf_counter()
+            if proposer is not None:
+                policy.update(1, ts - tv, 0, 0)
+            stats.record_round(0, 0)
             stats.verify_seconds += ts - tv
-            stats.sample_seconds += te - ts
-            finished = False
-            for i, t in enumerate(new):
-                if t in eos:
-                    new, finished = new[:i], True
-                    stats.finish_reason = "stop"
-                    break
-            tokens.extend(new)
-            emitted += len(new)
-            stats.generated_tokens = emitted
-            if not finished:
-                proposer.update(tokens, len(drafts), n, fwd.hidden)
+            new, done = _commit(tokens, [y], eos, max_tokens, stats)
             if on_round is not None:
-                on_round(RoundInfo(stats.rounds, k, len(drafts), n, len(new), tv - tp, ts - tv, te - ts))
+                on_round(RoundInfo(stats.rounds, 0, 0, 0, len(new), 0.0, ts - tv, 0.0))
             if new:
                 yield new
-            if finished:
+            if done:
                 return
+            if waiting is not None:
+                carried = waiting[1:] if waiting[0] == y else []
+                waiting = None
+            if proposer is not None:
+                proposer.update(tokens, 0, 0, queued.hidden)
+            queued = following
+            if queued is not None and proposer is not None:
+                tp = time.perf_counter()
+                k = next_k()
+                if k > 0:
+                    waiting = proposer.propose(tokens, k)[:k] or None
+                stats.propose_seconds += time.perf_counter() - tp
             if stats.rounds % CLEAR_CACHE_EVERY == 0:
                 mx.clear_cache()
-        stats.finish_reason = "length"
     finally:
         stats.decode_seconds = time.perf_counter() - t_start
         # Leave the cache holding exactly the committed tokens but the last.
@@ -138,33 +183,19 @@ def generate_tokens(
             rt.trim(extra)
 
 
-def _plain_decode(rt, tokens: list[int], max_tokens: int, eos: set[int], stats: GenerationStats):
-    """Plain greedy decoding, pipelined like mlx-lm: the next step's graph is
-    built and queued before the current token is read back."""
-
-    def step(y):
-        return _greedy(rt.decode(y).logits[-1])
-
-    y = step(tokens[-1])
-    mx.async_eval(y)
-    n = 0
-    while True:
-        if n + 1 < max_tokens:
-            y_next = step(y)
-            mx.async_eval(y_next)
-        t = y.item()
-        stats.rounds += 1
-        stats.empty_proposals += 1
+def _commit(
+    tokens: list[int], new: list[int], eos: set[int], max_tokens: int, stats: GenerationStats
+) -> tuple[list[int], bool]:
+    """Append ``new`` up to the first EOS and within the budget; returns the
+    committed tokens and whether generation is over."""
+    for i, t in enumerate(new):
         if t in eos:
+            new = new[:i]
             stats.finish_reason = "stop"
-            return
-        tokens.append(t)
-        n += 1
-        stats.generated_tokens = n
-        yield [t]
-        if n == max_tokens:
-            stats.finish_reason = "length"
-            return
-        if n % CLEAR_CACHE_EVERY == 0:
-            mx.clear_cache()
-        y = y_next
+            break
+    new = new[: max_tokens - stats.generated_tokens]
+    tokens.extend(new)
+    stats.generated_tokens += len(new)
+    if not stats.finish_reason and stats.generated_tokens >= max_tokens:
+        stats.finish_reason = "length"
+    return new, bool(stats.finish_reason)

@@ -1,0 +1,181 @@
+"""``hf2q-py bench``: every method against plain decoding on the same prompts,
+side by side in one run, as a Markdown table (and a PNG chart with matplotlib)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import mlx.core as mx
+
+from .errors import Hf2qError
+from .generation import encode_prompt, generate
+from .target import Target
+from .workloads import Workload
+
+
+@dataclass
+class MethodSpec:
+    """A method with its options, e.g. ``ngram:k=4,fixed``."""
+
+    label: str
+    options: dict[str, Any]
+
+
+_BOOL = {"fixed": ("adaptive", False), "adaptive": ("adaptive", True)}
+_INT = ("k", "ngram_min", "ngram_max")
+_FLOAT = ("draft_p_min",)
+
+
+def parse_method(text: str) -> MethodSpec:
+    """``name[:key=value,flag,...]``: keys are SpecConfig fields
+    (``k``, ``ngram_min``, ``ngram_max``, ``draft``, ...); flags ``fixed``/``adaptive``."""
+    name, _, rest = text.partition(":")
+    options: dict[str, Any] = {"method": name.strip()}
+    for item in filter(None, (x.strip() for x in rest.split(","))):
+        if item in _BOOL:
+            key, value = _BOOL[item]
+            options[key] = value
+            continue
+        key, eq, value = item.partition("=")
+        key = key.replace("-", "_")
+        if not eq:
+            raise Hf2qError(f"bad method option {item!r} in {text!r}: use key=value")
+        try:
+            options[key] = int(value) if key in _INT else float(value) if key in _FLOAT else value
+        except ValueError:
+            raise Hf2qError(f"bad value for {key} in {text!r}: {value!r}") from None
+    return MethodSpec(text, options)
+
+
+@dataclass
+class BenchRow:
+    workload: str
+    kind: str
+    method: str
+    tokens: int
+    tok_s: float
+    baseline_tok_s: float
+    acceptance: float
+    mean_accepted_length: float
+    identical: bool
+    first_diff: int | None = None
+    margin: float | None = None
+
+    @property
+    def speedup(self) -> float:
+        return self.tok_s / self.baseline_tok_s if self.baseline_tok_s else 0.0
+
+
+def top2_margin(target: Target, tokens: Sequence[int]) -> float:
+    """Target's top-1 minus top-2 logit for the token after ``tokens``."""
+    logits = target.runtime().prefill(list(tokens), logits="last").logits[-1].astype(mx.float32)
+    top = mx.sort(logits)[-2:].tolist()
+    return top[1] - top[0]
+
+
+def run_bench(
+    target: Target,
+    workloads: Sequence[Workload],
+    methods: Sequence[MethodSpec],
+    *,
+    max_tokens: int = 256,
+    repeats: int = 1,
+    log: Callable[[str], None] = print,
+) -> list[BenchRow]:
+    """Baseline and each method alternate on every workload; tok/s are decode
+    rates (prefill excluded: it is the same forward for every method), the
+    median over ``repeats``."""
+    rows: list[BenchRow] = []
+    for w in workloads:
+        ids = encode_prompt(target, w.prompt)
+        runs: dict[str, list] = {"baseline": []}
+        for m in methods:
+            runs[m.label] = []
+        for r in range(repeats):
+            order = [("baseline", {"method": "baseline"})] + [(m.label, m.options) for m in methods]
+            if r % 2:
+                order.reverse()
+            for label, opts in order:
+                res = generate(target, ids, max_tokens=max_tokens, **opts)
+                runs[label].append(res)
+        base = runs["baseline"]
+        base_rate = _median([x.stats.tokens_per_second for x in base])
+        log(f"{w.name}: {len(ids)} prompt tokens, baseline {base_rate:.1f} tok/s")
+        for m in methods:
+            res = runs[m.label]
+            rate = _median([x.stats.tokens_per_second for x in res])
+            s = res[0].stats
+            ident = res[0].tokens == base[0].tokens
+            row = BenchRow(w.name, w.kind, m.label, len(res[0].tokens), rate, base_rate,
+                           s.acceptance_rate, s.mean_accepted_length, ident)
+            if not ident:
+                a, b = res[0].tokens, base[0].tokens
+                i = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))
+                row.first_diff = i
+                row.margin = top2_margin(target, ids + b[:i])
+            rows.append(row)
+            log(f"  {m.label}: {rate:.1f} tok/s ({row.speedup:.2f}x), acceptance {s.acceptance_rate:.0%}, "
+                f"identical={ident}")
+    return rows
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+def markdown_table(rows: Sequence[BenchRow]) -> str:
+    out = [
+        "| workload | method | tokens | baseline tok/s | method tok/s | speed-up | acceptance | mean accepted length | identical |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        ident = "yes" if r.identical else f"no: first diff at {r.first_diff}, top-2 margin {r.margin:.3g}"
+        out.append(
+            f"| {r.workload} | {r.method} | {r.tokens} | {r.baseline_tok_s:.1f} | {r.tok_s:.1f} | "
+            f"{r.speedup:.2f}x | {r.acceptance:.0%} | {r.mean_accepted_length:.2f} | {ident} |"
+        )
+    by_kind: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        by_kind.setdefault((r.kind, r.method), []).append(r.speedup)
+    out.append("")
+    out.append("| workload kind | method | mean speed-up |")
+    out.append("|---|---|---:|")
+    for (kind, method), xs in by_kind.items():
+        out.append(f"| {kind} | {method} | {sum(xs) / len(xs):.2f}x |")
+    return "\n".join(out)
+
+
+def save_chart(rows: Sequence[BenchRow], path: str) -> bool:
+    """A grouped bar chart of tok/s per workload and method; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    workloads = list(dict.fromkeys(r.workload for r in rows))
+    methods = ["baseline", *dict.fromkeys(r.method for r in rows)]
+    rate = {(r.workload, r.method): r.tok_s for r in rows}
+    for r in rows:
+        rate[(r.workload, "baseline")] = r.baseline_tok_s
+    width = 0.8 / len(methods)
+    fig, ax = plt.subplots(figsize=(max(8, len(workloads) * 1.3), 5))
+    for i, m in enumerate(methods):
+        xs = [j + i * width for j in range(len(workloads))]
+        ax.bar(xs, [rate.get((w, m), 0) for w in workloads], width, label=m)
+    ax.set_xticks([j + width * (len(methods) - 1) / 2 for j in range(len(workloads))])
+    ax.set_xticklabels(workloads, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("tokens / second (decode)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def timestamp() -> str:
+    return time.strftime("%Y-%m-%d %H:%M")

@@ -1,0 +1,67 @@
+"""Benchmark workloads built from real text present on every machine:
+Python standard-library source (code editing), documents shipped in
+installed packages (summaries and questions), and open prose (no-match)."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    kind: str  # "code", "doc" or "prose"
+    prompt: str
+
+
+def _source(module: str, name: str) -> str:
+    mod = __import__(module, fromlist=[name])
+    return inspect.getsource(getattr(mod, name))
+
+
+def _package_doc(package: str, filename: str, max_chars: int = 4000) -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    return path.read_text(encoding="utf-8")[:max_chars] if path.is_file() else ""
+
+
+def default_workloads() -> list[Workload]:
+    """Ten prompts: 5 code edits, 3 document tasks, 2 open prose."""
+    dedent = _source("textwrap", "dedent")
+    median = _source("statistics", "median")
+    nsmallest = _source("heapq", "nsmallest")
+    variance = _source("statistics", "variance")
+    split = _source("shlex", "split")
+    readme = _package_doc("mlx_lm", "README.md") or (__import__("json").__doc__ or "")
+    lora = _package_doc("mlx_lm", "LORA.md") or (__import__("argparse").__doc__ or "")
+    json_doc = __import__("json").__doc__ or ""
+    return [
+        Workload("code: type hints (statistics.median)", "code",
+                 f"Add type hints to this function. Reply with the full function only.\n\n```python\n{median}```"),
+        Workload("code: rename (textwrap.dedent)", "code",
+                 f"Rename the variable `margin` to `common_prefix` throughout this function. "
+                 f"Reply with the full function only.\n\n```python\n{dedent}```"),
+        Workload("code: docstring (shlex.split)", "code",
+                 f"Rewrite this function with a longer docstring that explains each argument. "
+                 f"Reply with the full function only.\n\n```python\n{split}```"),
+        Workload("code: rename (heapq.nsmallest)", "code",
+                 f"Rename `result` to `smallest` in this function. Reply with the full function only.\n\n"
+                 f"```python\n{nsmallest}```"),
+        Workload("code: comments (statistics.variance)", "code",
+                 f"Add a short comment above each line of this function. Reply with the code only.\n\n"
+                 f"```python\n{variance}```"),
+        Workload("doc: summarise (mlx-lm README)", "doc",
+                 f"Summarise this document in a few bullet points, quoting its commands exactly.\n\n{readme}"),
+        Workload("doc: question (mlx-lm LoRA guide)", "doc",
+                 f"{lora}\n\nUsing the document above, list the command-line flags it mentions and what each does."),
+        Workload("doc: question (json module docstring)", "doc",
+                 f"{json_doc}\n\nShow how to encode and decode a dictionary, using the examples above."),
+        Workload("prose: story", "prose", "Write a short story about a lighthouse keeper who finds a message in a bottle."),
+        Workload("prose: explain", "prose", "Explain to a child why the sky is blue and why sunsets are red."),
+    ]
