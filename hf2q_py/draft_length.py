@@ -31,46 +31,65 @@ class FixedK:
 class AdaptiveK:
     """Chooses K in [0, k_max] to maximise expected tokens per second.
 
-    With per-token acceptance ``a`` (a geometric model, estimated with decay
-    from recent rounds), K drafts yield ``(1 - a**(K+1)) / (1 - a)`` tokens per
-    round at a cost ``c(K+1)``: the measured time of a (K+1)-token forward
-    relative to a 1-token one (a prior until measured). K = 0 means plain
+    Acceptance is tracked per draft position as a conditional rate
+    ``a_i = P(draft i accepted | drafts before it accepted)``, with decay, so
+    bursty proposers (an n-gram match is usually right for many tokens or
+    not at all) are modelled as they behave. K drafts then yield
+    ``1 + sum_{i<=K} prod_{j<=i} a_j`` tokens per round at a cost ``c(K+1)``:
+    the measured wall time of a round that feeds K+1 tokens relative to a
+    plain decode round (a prior until measured). K = 0 means plain
     decoding; then a short probe round runs after a cool-down that doubles
     while probes keep failing, so a workload where drafts never pay runs at
     plain-decoding speed.
     """
 
     k_max: int
-    decay: float = 0.85
+    decay: float = 0.9
+    prior_rate: float = 0.5
+    prior_weight: float = 1.0
     prior_slope: float = 0.12  # c(L) = 1 + slope * (L - 1) until measured
     probe_k: int = 2
     min_cooldown: int = 8
     max_cooldown: int = 128
-    accepted_w: float = 1.0
-    rejected_w: float = 1.0
-    times: dict[int, float] = field(default_factory=dict)
+    seconds: dict[int, float] = field(default_factory=dict)  # decayed sums per forward width
+    counts: dict[int, float] = field(default_factory=dict)
     cooldown: int = 8
     since_probe: int = 0
 
     def __post_init__(self):
         validate_k(self.k_max)
+        self.tried = [0.0] * self.k_max
+        self.hits = [0.0] * self.k_max
 
-    @property
-    def acceptance(self) -> float:
-        return self.accepted_w / (self.accepted_w + self.rejected_w)
+    def rate(self, i: int) -> float:
+        """Conditional acceptance estimate at draft position ``i`` (0-based);
+        a position barely tried yet borrows the estimate of the one before."""
+        prior = self.prior_rate if i == 0 or self.tried[i] >= 0.5 else self.rate(i - 1)
+        return (self.hits[i] + prior * self.prior_weight) / (self.tried[i] + self.prior_weight)
+
+    def expected_tokens(self, k: int) -> float:
+        total, p = 1.0, 1.0
+        for i in range(k):
+            p *= self.rate(i)
+            total += p
+        return total
+
+    def time(self, n: int) -> float | None:
+        """Mean recent seconds of a round that feeds ``n`` tokens (pipelined
+        decodes overlap, so single rounds are noisy; sums average them out)."""
+        c = self.counts.get(n)
+        return self.seconds[n] / c if c else None
 
     def cost(self, n: int) -> float:
-        t1 = self.times.get(1)
-        tn = self.times.get(n)
+        t1, tn = self.time(1), self.time(n)
         if t1 and tn:
-            return tn / t1
+            return max(1.0, tn / t1)  # timings are noisy; more tokens never cost less
         return 1.0 + self.prior_slope * (n - 1)
 
     def best_k(self) -> int:
-        a = min(self.acceptance, 0.999)
         best, best_rate = 0, 1.0
         for k in range(1, self.k_max + 1):
-            rate = (1 - a ** (k + 1)) / (1 - a) / self.cost(k + 1)
+            rate = self.expected_tokens(k) / self.cost(k + 1)
             if rate > best_rate * 1.02:
                 best, best_rate = k, rate
         return best
@@ -84,14 +103,19 @@ class AdaptiveK:
         return 0
 
     def update(self, forward_tokens: int, seconds: float, drafted: int, accepted: int) -> None:
-        old = self.times.get(forward_tokens)
-        self.times[forward_tokens] = seconds if old is None else 0.8 * old + 0.2 * seconds
+        self.seconds[forward_tokens] = 0.9 * self.seconds.get(forward_tokens, 0.0) + seconds
+        self.counts[forward_tokens] = 0.9 * self.counts.get(forward_tokens, 0.0) + 1.0
         if drafted == 0:
             self.since_probe += 1
             return
         probing = self.best_k() == 0
-        self.accepted_w = self.decay * self.accepted_w + accepted
-        self.rejected_w = self.decay * self.rejected_w + (1 if accepted < drafted else 0)
+        for i in range(self.k_max):
+            self.tried[i] *= self.decay
+            self.hits[i] *= self.decay
+        for i in range(min(accepted + 1, drafted)):
+            self.tried[i] += 1
+            if i < accepted:
+                self.hits[i] += 1
         if probing:
             self.since_probe = 0
             if self.best_k() == 0:

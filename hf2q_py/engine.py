@@ -107,6 +107,7 @@ def generate_tokens(
         return min(policy.next_k(), max_tokens - stats.generated_tokens - 1)
 
     queued: Forward | None = None  # a decode of tokens[-1], already in flight
+    t_queued = 0.0  # when the queued decode could start running
     waiting: list[int] | None = None  # drafts proposed while a decode was in flight
     carried: list[int] = []  # drafts for the current context that the decode confirmed
     try:
@@ -119,7 +120,7 @@ def generate_tokens(
                 carried = []
                 tv = time.perf_counter()
                 if not drafts:
-                    queued = decode(tokens[-1])
+                    queued, t_queued = decode(tokens[-1]), tv
                 else:
                     fwd = rt.verify([tokens[-1], *drafts], capture_layers=capture)
                     targets = _greedy(fwd.logits).tolist()
@@ -151,7 +152,8 @@ def generate_tokens(
             y = queued.logits.item()
             ts = time.perf_counter()
             if proposer is not None:
-                policy.update(1, ts - tv, 0, 0)
+                # a chained decode starts when its predecessor ends: time it from there
+                policy.update(1, ts - t_queued, 0, 0)
             stats.record_round(0, 0)
             stats.verify_seconds += ts - tv
             new, done = _commit(tokens, [y], eos, max_tokens, stats)
@@ -166,7 +168,7 @@ def generate_tokens(
                 waiting = None
             if proposer is not None:
                 proposer.update(tokens, 0, 0, queued.hidden)
-            queued = following
+            queued, t_queued = following, ts
             if queued is not None and proposer is not None:
                 tp = time.perf_counter()
                 k = next_k()

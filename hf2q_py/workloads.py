@@ -38,7 +38,7 @@ def default_workloads() -> list[Workload]:
     nsmallest = _source("heapq", "nsmallest")
     variance = _source("statistics", "variance")
     split = _source("shlex", "split")
-    readme = _package_doc("mlx_lm", "README.md") or (__import__("json").__doc__ or "")
+    readme = _package_doc("mlx_lm", "SERVER.md") or (__import__("json").__doc__ or "")
     lora = _package_doc("mlx_lm", "LORA.md") or (__import__("argparse").__doc__ or "")
     json_doc = __import__("json").__doc__ or ""
     return [
@@ -56,7 +56,7 @@ def default_workloads() -> list[Workload]:
         Workload("code: comments (statistics.variance)", "code",
                  f"Add a short comment above each line of this function. Reply with the code only.\n\n"
                  f"```python\n{variance}```"),
-        Workload("doc: summarise (mlx-lm README)", "doc",
+        Workload("doc: summarise (mlx-lm server guide)", "doc",
                  f"Summarise this document in a few bullet points, quoting its commands exactly.\n\n{readme}"),
         Workload("doc: question (mlx-lm LoRA guide)", "doc",
                  f"{lora}\n\nUsing the document above, list the command-line flags it mentions and what each does."),
