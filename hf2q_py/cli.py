@@ -41,16 +41,37 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     mode.add_argument("--fixed-k", dest="adaptive", action="store_false", help="always draft up to K tokens")
     p.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram to look up (n-gram method)")
     p.add_argument("--ngram-max", type=int, default=3, help="longest n-gram to look up (n-gram method)")
+    p.add_argument("--draft-model", default=None, help="draft model (draft method): folder, HF repo id or GGUF")
+    p.add_argument("--draft-p-min", type=float, default=0.0, help="stop drafting when the draft's confidence drops below this")
+    p.add_argument("--skip-layers", default="auto", help="layer-skip set: auto, alternate, early:N, middle:N or a list like 3,5,7")
+    p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None, help="random seed (same seed, same output)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
 
 
 def spec_options(args: argparse.Namespace) -> dict:
-    return dict(
+    options = dict(
         method=args.method,
         k=args.k,
         adaptive=args.adaptive,
         ngram_min=args.ngram_min,
         ngram_max=args.ngram_max,
+        draft_p_min=args.draft_p_min,
+        temperature=args.temp,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        seed=args.seed,
+        repetition_penalty=args.repetition_penalty,
     )
+    if args.method == "draft":
+        options["draft"] = args.draft_model
+    if args.method == "layerskip":
+        options["skip_layers"] = args.skip_layers
+    return options
 
 
 def read_prompt(args: argparse.Namespace) -> str:
@@ -92,6 +113,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_spec_args(g)
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     g.add_argument("--profile", action="store_true", help="print one line per round to stderr")
+
+    a = sub.add_parser("ab", help="compare methods with plain greedy decoding token by token")
+    add_model_args(a)
+    a.add_argument("--methods", default="ngram", help="comma-separated: ngram, draft, layerskip, mlx-lm-draft")
+    a.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
+    a.add_argument("--prompt-file", default=None, help="a file holding one prompt")
+    a.add_argument("--prompts", default=None, help='JSONL file: one prompt per line, a string or {"prompt": ...}')
+    a.add_argument("--max-tokens", type=_positive_int, default=128)
+    a.add_argument("--k", type=_positive_int, default=4)
+    a.add_argument("--draft-model", default=None, help="draft model for draft and mlx-lm-draft")
+    a.add_argument("--skip-layers", default="auto")
+    a.add_argument("--no-chat-template", action="store_true")
+    a.add_argument("--json", action="store_true", help="print the results as JSON")
+    a.add_argument("--markdown", default=None, help="also write the table to this file")
 
     b = sub.add_parser("bench", help="methods vs plain decoding on real workloads (Markdown table)")
     add_model_args(b)
@@ -189,7 +224,90 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "bench": cmd_bench}
+def read_ab_prompts(args: argparse.Namespace) -> list[str]:
+    prompts = list(args.prompt)
+    if args.prompt_file:
+        try:
+            prompts.append(open(args.prompt_file, encoding="utf-8").read())
+        except OSError as e:
+            raise Hf2qError(f"cannot read prompt file {args.prompt_file}: {e.strerror}") from None
+    if args.prompts:
+        try:
+            lines = open(args.prompts, encoding="utf-8").read().splitlines()
+        except OSError as e:
+            raise Hf2qError(f"cannot read prompts file {args.prompts}: {e.strerror}") from None
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except ValueError:
+                raise Hf2qError(f"{args.prompts}:{n}: not valid JSON") from None
+            text = item.get("prompt") if isinstance(item, dict) else item
+            if not isinstance(text, str):
+                raise Hf2qError(f'{args.prompts}:{n}: expected a string or {{"prompt": "..."}}')
+            prompts.append(text)
+    if not prompts:
+        from hf2q_py.workloads import default_workloads
+
+        prompts = [w.prompt for w in default_workloads()]
+    if any(not p.strip() for p in prompts):
+        raise Hf2qError("a prompt is empty")
+    return prompts
+
+
+def cmd_ab(args: argparse.Namespace) -> int:
+    import hf2q_py
+    from hf2q_py.ab import run_ab, table
+    from hf2q_py.generation import encode_prompt
+
+    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    known = {"ngram", "draft", "layerskip", "mlx-lm-draft"}
+    for m in names:
+        if m not in known:
+            raise Hf2qError(f"unknown method {m!r} for ab; choose from {', '.join(sorted(known))}")
+    if not names:
+        raise Hf2qError("--methods is empty")
+    needs_draft = {"draft", "mlx-lm-draft"} & set(names)
+    if needs_draft and not args.draft_model:
+        raise Hf2qError(f"{', '.join(sorted(needs_draft))} needs --draft-model")
+    prompts = read_ab_prompts(args)
+    target = hf2q_py.load(args.model, dtype=args.dtype)
+    draft = hf2q_py.load(args.draft_model, dtype=args.dtype) if needs_draft else None
+    methods = []
+    for m in names:
+        if m == "ngram":
+            methods.append((m, dict(method="ngram", k=args.k)))
+        elif m == "draft":
+            methods.append((m, dict(method="draft", draft=draft, k=args.k)))
+        elif m == "layerskip":
+            methods.append((m, dict(method="layerskip", skip_layers=args.skip_layers, k=args.k)))
+        else:
+            methods.append((m, dict(draft=draft, k=args.k)))
+    encoded = [(p, encode_prompt(target, p, not args.no_chat_template)) for p in prompts]
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    results, noise = run_ab(target, encoded, methods, max_tokens=args.max_tokens, log=log)
+    mismatches = sum(r.verdict == "MISMATCH" for r in results)
+    summary = (
+        f"near-tie bound {noise.bound:.3g}: 2 x the largest |batched - single-token| logit difference "
+        f"({noise.max_logit_diff:.3g}) measured over {noise.positions} positions; "
+        f"{sum(r.verdict == 'identical' for r in results)} identical, "
+        f"{sum(r.verdict == 'near-tie' for r in results)} near-tie, {mismatches} MISMATCH"
+    )
+    text = table(results)
+    if args.json:
+        print(json.dumps({"noise": noise.__dict__, "results": [r.to_dict() for r in results]}))
+    else:
+        print(text)
+        print()
+        print(summary)
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as f:
+            f.write(text + "\n\n" + summary + "\n")
+    return 1 if mismatches else 0
+
+
+COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "ab": cmd_ab}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 from .draft_length import validate_k
 from .errors import Hf2qError
 from .proposers.ngram import validate_ngram
+from .sampling import SamplingConfig
 
 METHODS = ("baseline", "ngram", "draft", "layerskip", "dflash")
 
@@ -51,8 +52,10 @@ class GenerationConfig:
     stop: Sequence[str] = ()
     chat_template: bool = True
     spec: SpecConfig = field(default_factory=SpecConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
     def validate(self) -> None:
+        self.sampling.validate()
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise Hf2qError(f"max-tokens must be an integer >= 1, got {self.max_tokens!r}")
         if any(not s for s in self.stop):

@@ -23,6 +23,7 @@ import mlx.core as mx
 from .draft_length import AdaptiveK, FixedK
 from .errors import Hf2qError
 from .proposers.base import Proposer
+from .sampling import Greedy
 from .stats import GenerationStats
 from .target import Forward, Target
 
@@ -43,10 +44,6 @@ class RoundInfo:
     sample_seconds: float
 
 
-def _greedy(logits: mx.array) -> mx.array:
-    return mx.argmax(logits, axis=-1)
-
-
 def generate_tokens(
     target: Target,
     prompt: Sequence[int],
@@ -57,8 +54,12 @@ def generate_tokens(
     eos_token_ids: Sequence[int] = (),
     stats: GenerationStats | None = None,
     on_round: Callable[[RoundInfo], None] | None = None,
+    decider: Greedy | None = None,
 ) -> Iterator[list[int]]:
-    """Yield each round's newly committed tokens (greedy, temperature 0).
+    """Yield each round's newly committed tokens.
+
+    ``decider`` turns logits into tokens and judges drafts: greedy by
+    default, or a ``Sampler`` (lossless speculative sampling).
 
     With no proposer this is plain decoding. Plain decode rounds are
     pipelined as in mlx-lm: the next decode is queued before the current
@@ -76,6 +77,7 @@ def generate_tokens(
     if max_tokens < 1:
         raise Hf2qError(f"max_tokens must be >= 1, got {max_tokens}")
     stats = stats if stats is not None else GenerationStats()
+    decider = decider or Greedy()
     stats.prompt_tokens = len(prompt)
     eos = set(eos_token_ids)
     capture = tuple(proposer.capture_layers) if proposer else ()
@@ -92,12 +94,13 @@ def generate_tokens(
     t_start = time.perf_counter()
     tokens = list(prompt)
     if proposer is not None:
+        proposer.decider = decider
         proposer.start(rt, prompt, hidden)
 
-    def decode(token) -> Forward:
+    def decode(token, context: list[int]) -> Forward:
         """Queue a single-token forward; ``.logits`` becomes the next token (lazy)."""
         fwd = rt.decode(token, capture_layers=capture)
-        fwd.logits = _greedy(fwd.logits[-1])
+        fwd.logits = decider.next_token(fwd.logits[-1], context)
         mx.async_eval(fwd.logits)
         return fwd
 
@@ -120,16 +123,15 @@ def generate_tokens(
                 carried = []
                 tv = time.perf_counter()
                 if not drafts:
-                    queued, t_queued = decode(tokens[-1]), tv
+                    queued, t_queued = decode(tokens[-1], tokens), tv
                 else:
+                    q = proposer.draft_probs
                     fwd = rt.verify([tokens[-1], *drafts], capture_layers=capture)
-                    targets = _greedy(fwd.logits).tolist()
+                    mx.async_eval(fwd.logits)
                     ts = time.perf_counter()
-                    n = 0
-                    while n < len(drafts) and drafts[n] == targets[n]:
-                        n += 1
+                    n, t = decider.verify(fwd.logits, tokens, drafts, q[: len(drafts)] if q is not None else None)
                     rt.trim(len(drafts) - n)
-                    new = drafts[:n] + [targets[n]]
+                    new = drafts[:n] + [t]
                     te = time.perf_counter()
                     policy.update(len(drafts) + 1, ts - tv, len(drafts), n)
                     stats.record_round(len(drafts), n)
@@ -147,8 +149,10 @@ def generate_tokens(
                     continue
             # -- a plain decode round: queue the next decode, then read this one
             tv = time.perf_counter()
-            chain = waiting is None and stats.generated_tokens + 1 < max_tokens
-            following = decode(queued.logits) if chain else None
+            chain = waiting is None and stats.generated_tokens + 1 < max_tokens and not decider.needs_context
+            if chain and proposer is not None and proposer.uses_target_cache:
+                chain = next_k() == 0  # it must draft from the cache at the last token
+            following = decode(queued.logits, tokens) if chain else None
             y = queued.logits.item()
             ts = time.perf_counter()
             if proposer is not None:
@@ -169,10 +173,10 @@ def generate_tokens(
             if proposer is not None:
                 proposer.update(tokens, 0, 0, queued.hidden)
             queued, t_queued = following, ts
-            if queued is not None and proposer is not None:
+            if queued is not None and proposer is not None and not proposer.uses_target_cache:
                 tp = time.perf_counter()
                 k = next_k()
-                if k > 0:
+                if k > 0 and decider.cfg.greedy:  # carried drafts are checked by equality
                     waiting = proposer.propose(tokens, k)[:k] or None
                 stats.propose_seconds += time.perf_counter() - tp
             if stats.rounds % CLEAR_CACHE_EVERY == 0:

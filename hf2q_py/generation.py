@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterator, Sequence
 
 from .config import GenerationConfig, SpecConfig
+from .sampling import SamplingConfig, make_decider
 from .engine import RoundInfo, generate_tokens
 from .errors import Hf2qError
 from .methods import build_proposer
@@ -13,6 +14,7 @@ from .stats import GenerationStats
 from .target import Target
 
 _SPEC_FIELDS = {f.name for f in fields(SpecConfig)}
+_SAMPLING_FIELDS = {f.name for f in fields(SamplingConfig)}
 
 
 @dataclass
@@ -62,13 +64,14 @@ def encode_prompt(target: Target, prompt: str | Sequence[int], chat_template: bo
 
 def _split_options(options: dict[str, Any]) -> GenerationConfig:
     spec_opts = {k: v for k, v in options.items() if k in _SPEC_FIELDS}
-    gen_opts = {k: v for k, v in options.items() if k not in _SPEC_FIELDS}
+    sampling_opts = {k: v for k, v in options.items() if k in _SAMPLING_FIELDS}
+    gen_opts = {k: v for k, v in options.items() if k not in _SPEC_FIELDS | _SAMPLING_FIELDS}
     unknown = set(gen_opts) - {"max_tokens", "stop", "chat_template"}
     if unknown:
         raise Hf2qError(f"unknown option(s): {', '.join(sorted(unknown))}")
     if isinstance(gen_opts.get("stop"), str):
         gen_opts["stop"] = (gen_opts["stop"],)
-    config = GenerationConfig(spec=SpecConfig(**spec_opts), **gen_opts)
+    config = GenerationConfig(spec=SpecConfig(**spec_opts), sampling=SamplingConfig(**sampling_opts), **gen_opts)
     config.validate()
     return config
 
@@ -120,6 +123,7 @@ def _stream(
         eos_token_ids=target.eos_token_ids,
         stats=stats,
         on_round=on_round,
+        decider=make_decider(config.sampling),
     )
     try:
         for new in rounds:

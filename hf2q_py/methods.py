@@ -17,4 +17,27 @@ def build_proposer(target: Target, spec: SpecConfig) -> tuple[Proposer | None, F
         from .proposers.ngram import NgramProposer
 
         return NgramProposer(spec.ngram_min, spec.ngram_max), policy
+    if spec.method == "draft":
+        from .proposers.draft_model import DraftModelProposer, check_compatible
+
+        draft = spec.draft if isinstance(spec.draft, Target) else _load_draft(spec.draft)
+        check_compatible(target, draft)
+        return DraftModelProposer(draft, spec.draft_p_min), policy
+    if spec.method == "layerskip":
+        from .proposers.layer_skip import LayerSkipProposer
+
+        return LayerSkipProposer(target, spec.skip_layers if spec.skip_layers is not None else "auto"), policy
     raise NotImplementedError(f"method {spec.method!r} is not available yet")
+
+
+_draft_cache: dict[str, Target] = {}
+
+
+def _load_draft(source) -> Target:
+    """Load (once per process) a draft model given as a path or repo id."""
+    from .loaders import load
+
+    key = str(source)
+    if key not in _draft_cache:
+        _draft_cache[key] = load(source)
+    return _draft_cache[key]

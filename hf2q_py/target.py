@@ -163,11 +163,14 @@ class Runtime:
         """Batched forward of ``[last, d1..dK]``: (K+1, vocab) logits, one per position."""
         return self.forward(tokens, logits="all", **kw)
 
-    def trim(self, n: int) -> None:
-        """Drop the last ``n`` positions from the cache (exact on every layer type)."""
+    def trim(self, n: int, skip_layers: Sequence[int] = ()) -> None:
+        """Drop the last ``n`` positions from the cache (exact on every layer
+        type). After forwards that skipped layers, pass the same
+        ``skip_layers``: those layers' caches hold no such positions."""
         if n < 0 or n > self.offset:
             raise ValueError(f"cannot trim {n} positions from a cache of {self.offset}")
-        trim_cache(self.cache, n)
+        skipped = set(skip_layers)
+        trim_cache([c for i, c in enumerate(self.cache) if i not in skipped], n)
         self.offset -= n
 
     def state(self) -> list[Any]:

@@ -18,6 +18,15 @@ class Proposer:
 
     name = "proposer"
     capture_layers: tuple[int, ...] = ()
+    #: True when drafting runs on the target's own KV cache (layer skip): the
+    #: engine then never proposes while a target decode is in flight.
+    uses_target_cache = False
+    #: Set by the engine before ``start``: how tokens are chosen (greedy or
+    #: sampling); proposers that draft with a model use ``decider.draft_token``.
+    decider = None
+    #: After ``propose``: the (K, vocab) distributions the drafts were drawn
+    #: from, or None for point masses (argmax drafts, n-gram copies).
+    draft_probs = None
 
     def start(self, runtime: Any, prompt: Sequence[int], hidden: dict[int, Any]) -> None:
         """Called once, after the prompt (all but its last token) was prefilled."""

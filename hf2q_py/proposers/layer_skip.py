@@ -1,0 +1,192 @@
+"""Layer-skip self-speculation: the target drafts with some of its layers
+skipped, then verifies with all of them. No second model, no extra weights.
+
+The draft pass runs on the target's own cache: the layers it runs read the
+full model's K/V of every committed token, and whatever it writes for the
+draft positions is trimmed off again before verification.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+import mlx.core as mx
+
+from ..errors import Hf2qError
+from ..taps import check_skippable
+from ..target import Target
+from .base import Proposer
+
+CACHE_FILE = Path.home() / ".cache" / "hf2q-py" / "layerskip.json"
+
+
+def skip_recipe(spec: str | Sequence[int], num_layers: int) -> list[int]:
+    """Layer indices to skip: an explicit list, ``"alternate"`` (every second
+    layer, realizar's recipe), ``"early:N"`` (run the first N layers only,
+    LayerSkip's early exit) or ``"middle:N"`` (skip N layers in the middle)."""
+    if isinstance(spec, str):
+        name, _, arg = spec.partition(":")
+        if name == "alternate":
+            layers = list(range(1, num_layers, 2))
+        elif name in ("early", "middle"):
+            try:
+                n = int(arg)
+            except ValueError:
+                raise Hf2qError(f"skip recipe {spec!r} needs a layer count, e.g. {name}:8") from None
+            if name == "early":
+                if not 1 <= n < num_layers:
+                    raise Hf2qError(f"early exit needs 1 <= N < {num_layers}, got {n}")
+                layers = list(range(n, num_layers))
+            else:
+                if not 1 <= n <= num_layers - 2:
+                    raise Hf2qError(f"middle skip needs 1 <= N <= {num_layers - 2}, got {n}")
+                first = (num_layers - n) // 2
+                layers = list(range(first, first + n))
+        else:
+            try:
+                layers = [int(x) for x in spec.split(",") if x.strip()]
+            except ValueError:
+                raise Hf2qError(
+                    f"bad skip layers {spec!r}: use a list like 3,5,7, alternate, early:N, middle:N or auto"
+                ) from None
+    else:
+        layers = [int(x) for x in spec]
+    if not layers:
+        raise Hf2qError("the skip set is empty")
+    bad = [i for i in layers if not 0 <= i < num_layers]
+    if bad:
+        raise Hf2qError(f"skip layers {bad} are out of range for a {num_layers}-layer model")
+    if len(set(layers)) == num_layers:
+        raise Hf2qError("cannot skip every layer")
+    return sorted(set(layers))
+
+
+def auto_candidates(num_layers: int) -> list[list[int]]:
+    """Skip sets that ``auto`` measures: middle blocks of several sizes, early
+    exit at two thirds, and every second layer."""
+    cands = []
+    for frac in (0.15, 0.25, 0.35):
+        n = max(1, round(num_layers * frac))
+        if n <= num_layers - 2:
+            cands.append(skip_recipe(f"middle:{n}", num_layers))
+    if num_layers >= 3:
+        cands.append(skip_recipe(f"early:{max(1, (2 * num_layers) // 3)}", num_layers))
+    if num_layers >= 2:
+        cands.append(skip_recipe("alternate", num_layers))
+    unique = []
+    for c in cands:
+        if c not in unique:
+            unique.append(c)
+    return unique
+
+
+class LayerSkipProposer(Proposer):
+    """Drafts with the target itself, some layers skipped.
+
+    With ``skip="auto"`` the first rounds of a generation try each candidate
+    skip set (and plain decoding) for a few rounds each, on the real output,
+    then keep the one with the best measured tokens per second, or none at all
+    when no skip set beats plain decoding. The choice is remembered per model
+    (in memory, and on disk for models loaded from a file).
+    """
+
+    name = "layerskip"
+    uses_target_cache = True
+    _memory: dict[str, list[int] | None] = {}
+
+    def __init__(self, target: Target, skip: str | Sequence[int] = "auto", trial_rounds: int = 4):
+        check_skippable(target.model)
+        self.target = target
+        self.rt = None
+        n = target.num_layers
+        self.key = f"{target.source}|{n}|{target.model.layers[0].__class__.__module__}"
+        self.skip: list[int] | None
+        self.trials: list[list[int] | None] = []
+        if skip == "auto":
+            known = self._recall()
+            if known != "unknown":
+                self.skip = known
+            else:
+                self.trials = [None, *auto_candidates(n)]
+                self.skip = self.trials[0]
+        else:
+            self.skip = skip_recipe(skip, n)
+        self.trial_rounds = trial_rounds
+        self.trial_stats: list[tuple[list[int] | None, float]] = []
+        self._rounds = 0
+        self._tokens = 0
+        self._t0 = 0.0
+
+    # -- auto calibration ------------------------------------------------------
+    def _recall(self):
+        if self.key in self._memory:
+            return self._memory[self.key]
+        if not self.target.source.startswith("<") and CACHE_FILE.is_file():
+            try:
+                data = json.loads(CACHE_FILE.read_text())
+                if self.key in data:
+                    return data[self.key]
+            except (OSError, ValueError):
+                pass
+        return "unknown"
+
+    def _remember(self, skip: list[int] | None) -> None:
+        self._memory[self.key] = skip
+        if self.target.source.startswith("<"):
+            return
+        try:
+            CACHE_FILE.parent.mkdir(parents=True, exist_ok=True)
+            data = json.loads(CACHE_FILE.read_text()) if CACHE_FILE.is_file() else {}
+            data[self.key] = skip
+            CACHE_FILE.write_text(json.dumps(data, indent=1))
+        except (OSError, ValueError):
+            pass
+
+    def _account(self, committed: int) -> None:
+        if not self.trials:
+            return
+        self._rounds += 1
+        self._tokens += committed
+        if self._rounds < self.trial_rounds:
+            return
+        rate = self._tokens / max(time.perf_counter() - self._t0, 1e-9)
+        self.trial_stats.append((self.skip, rate))
+        self.trials.pop(0)
+        if self.trials:
+            self.skip = self.trials[0]
+        else:
+            best = max(self.trial_stats, key=lambda x: x[1])
+            self.skip = best[0]
+            self._remember(self.skip)
+        self._rounds, self._tokens, self._t0 = 0, 0, time.perf_counter()
+
+    # -- Proposer --------------------------------------------------------------
+    def start(self, runtime, prompt, hidden) -> None:
+        self.rt = runtime
+        self._t0 = time.perf_counter()
+        self._last_len = len(prompt)
+
+    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+        if self.skip is None:
+            return []
+        if self.rt.offset != len(tokens) - 1:
+            raise RuntimeError("layer-skip drafting needs the target cache at the last committed token")
+        y = mx.array(tokens[-1], dtype=mx.uint32)
+        steps, dists = [], []
+        for _ in range(k):
+            logits = self.rt.forward(y.reshape(1, 1), skip_layers=self.skip).logits[-1]
+            y, q = self.decider.draft_token(logits, tokens)
+            steps.append(y)
+            dists.append(q)
+            mx.async_eval(y)
+        drafts = mx.stack(steps).tolist()
+        self.draft_probs = mx.stack(dists) if dists[0] is not None else None
+        self.rt.trim(k, self.skip)  # remove every draft position before verification
+        return drafts
+
+    def update(self, tokens, drafted, accepted, hidden) -> None:
+        self._account(len(tokens) - self._last_len)
+        self._last_len = len(tokens)

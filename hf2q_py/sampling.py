@@ -1,0 +1,189 @@
+"""Turning logits into tokens: greedy, or sampling with the speculative
+sampling rule that keeps the target's distribution exactly.
+
+A *decider* is what the engine asks for the next token (plain decode) and
+for the verdict on a block of drafts (verify):
+
+- ``Greedy``: argmax; drafts are accepted while they equal the argmax.
+- ``Sampler``: temperature, top-k, top-p and min-p filter the target's
+  distribution p. A draft d drawn from the proposer's distribution q is
+  accepted with probability min(1, p(d) / q(d)); at the first rejection the
+  token is drawn from the normalised residual max(0, p - q); after K
+  acceptances the bonus token is drawn from p. Proposers without
+  probabilities (n-gram) give a point mass q = 1 at their draft.
+
+Both apply the same logits processors (repetition penalty) in plain decoding
+and at every verified position, each with its own context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import mlx.core as mx
+
+from .errors import Hf2qError
+
+
+@dataclass
+class SamplingConfig:
+    """How tokens are chosen; ``temperature`` 0 is greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    repetition_context: int = 20
+
+    def validate(self) -> None:
+        if not self.temperature >= 0:
+            raise Hf2qError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise Hf2qError(f"top-p must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise Hf2qError(f"top-k must be an integer >= 0, got {self.top_k!r}")
+        if not 0 <= self.min_p < 1:
+            raise Hf2qError(f"min-p must be in [0, 1), got {self.min_p}")
+        if not self.repetition_penalty > 0:
+            raise Hf2qError(f"repetition penalty must be > 0, got {self.repetition_penalty}")
+        if self.repetition_context < 1:
+            raise Hf2qError(f"repetition context must be >= 1, got {self.repetition_context}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def apply_penalty(logits: mx.array, contexts: Sequence[Sequence[int]], cfg: SamplingConfig) -> mx.array:
+    """mlx-lm's repetition penalty, row by row: each row's recent context tokens
+    have positive logits divided by, negative ones multiplied by, the penalty."""
+    if cfg.repetition_penalty == 1.0:
+        return logits
+    rows = []
+    for i, ctx in enumerate(contexts):
+        row = logits[i]
+        recent = sorted(set(ctx[-cfg.repetition_context :]))
+        if recent:
+            idx = mx.array(recent)
+            sel = row[idx]
+            row[idx] = mx.where(sel < 0, sel * cfg.repetition_penalty, sel / cfg.repetition_penalty)
+        rows.append(row)
+    return mx.stack(rows)
+
+
+def filtered_probs(logits: mx.array, cfg: SamplingConfig) -> mx.array:
+    """Row-wise distribution after temperature, top-k, min-p and top-p."""
+    x = logits.astype(mx.float32) / cfg.temperature
+    if cfg.top_k and cfg.top_k < x.shape[-1]:
+        kth = mx.sort(x, axis=-1)[..., -cfg.top_k][..., None]
+        x = mx.where(x < kth, -mx.inf, x)
+    p = mx.softmax(x, axis=-1)
+    if cfg.min_p > 0:
+        p = mx.where(p < cfg.min_p * p.max(axis=-1, keepdims=True), 0.0, p)
+    if cfg.top_p < 1.0:
+        order = mx.argsort(-p, axis=-1)
+        sorted_p = mx.take_along_axis(p, order, axis=-1)
+        before = mx.cumsum(sorted_p, axis=-1) - sorted_p  # mass of strictly larger tokens
+        keep_sorted = before < cfg.top_p
+        keep = mx.put_along_axis(mx.zeros(p.shape, dtype=mx.bool_), order, keep_sorted, axis=-1)
+        p = mx.where(keep, p, 0.0)
+    return p / p.sum(axis=-1, keepdims=True)
+
+
+class Greedy:
+    """Temperature 0: argmax after the logits processors."""
+
+    def __init__(self, cfg: SamplingConfig | None = None):
+        self.cfg = cfg or SamplingConfig()
+
+    @property
+    def needs_context(self) -> bool:
+        """True when a token choice depends on the tokens before it (penalty)."""
+        return self.cfg.repetition_penalty != 1.0
+
+    def next_token(self, logits: mx.array, context: Sequence[int]) -> mx.array:
+        """Token after ``context`` from a (vocab,) logits row (lazy)."""
+        if self.cfg.repetition_penalty != 1.0:
+            logits = apply_penalty(logits[None], [context], self.cfg)[0]
+        return mx.argmax(logits, axis=-1)
+
+    def verify(
+        self, logits: mx.array, context: Sequence[int], drafts: Sequence[int], q: mx.array | None
+    ) -> tuple[int, int]:
+        """(accepted drafts, next token) for rows ``logits`` of ``[last, *drafts]``."""
+        if self.cfg.repetition_penalty != 1.0:
+            ctx = list(context)
+            logits = apply_penalty(logits, [ctx + list(drafts[:i]) for i in range(len(drafts) + 1)], self.cfg)
+        targets = mx.argmax(logits, axis=-1).tolist()
+        n = 0
+        while n < len(drafts) and drafts[n] == targets[n]:
+            n += 1
+        return n, targets[n]
+
+    def draft_token(self, logits: mx.array, context: Sequence[int]) -> tuple[mx.array, mx.array | None]:
+        """A proposer's own draft token and its distribution q (None: argmax)."""
+        return self.next_token(logits, context), None
+
+
+class Sampler(Greedy):
+    """Temperature > 0: lossless speculative sampling (see module docstring)."""
+
+    def __init__(self, cfg: SamplingConfig):
+        super().__init__(cfg)
+        self.key = mx.random.key(cfg.seed if cfg.seed is not None else int.from_bytes(__import__("os").urandom(4), "little"))
+
+    def _split(self) -> mx.array:
+        self.key, sub = mx.random.split(self.key)
+        return sub
+
+    def probs(self, logits: mx.array, contexts: Sequence[Sequence[int]]) -> mx.array:
+        return filtered_probs(apply_penalty(logits, contexts, self.cfg), self.cfg)
+
+    def _draw(self, p: mx.array) -> mx.array:
+        return mx.random.categorical(mx.log(p), key=self._split())
+
+    def next_token(self, logits: mx.array, context: Sequence[int]) -> mx.array:
+        return self._draw(self.probs(logits[None], [context])[0])
+
+    def draft_token(self, logits: mx.array, context: Sequence[int]) -> tuple[mx.array, mx.array | None]:
+        q = self.probs(logits[None], [context])[0]
+        return self._draw(q), q
+
+    def accept(self, p_draft: mx.array, q_draft: mx.array, u: mx.array) -> mx.array:
+        """Which drafts pass the test u < p(d) / q(d) (a hook tests can break)."""
+        return u * q_draft < p_draft
+
+    def verify(
+        self, logits: mx.array, context: Sequence[int], drafts: Sequence[int], q: mx.array | None
+    ) -> tuple[int, int]:
+        k = len(drafts)
+        ctx = list(context)
+        p = self.probs(logits, [ctx + list(drafts[:i]) for i in range(k + 1)])  # (k+1, V)
+        d = mx.array(list(drafts), dtype=mx.uint32)
+        if q is not None and q.shape[-1] < p.shape[-1]:  # a draft vocabulary may be smaller
+            q = mx.pad(q, [(0, 0), (0, p.shape[-1] - q.shape[-1])])
+        if q is None:  # point mass at each draft
+            q = mx.zeros((k, p.shape[-1]), dtype=mx.float32)
+            q = mx.put_along_axis(q, d[:, None], mx.ones((k, 1), dtype=mx.float32), axis=-1)
+        p_d = mx.take_along_axis(p[:k], d[:, None], axis=-1)[:, 0]
+        q_d = mx.take_along_axis(q, d[:, None], axis=-1)[:, 0]
+        ok = self.accept(p_d, q_d, mx.random.uniform(shape=(k,), key=self._split()))
+        # residual distributions for every position; row k (bonus) is p itself
+        resid = mx.maximum(p[:k] - q, 0.0)
+        mass = resid.sum(axis=-1, keepdims=True)
+        resid = mx.where(mass > 0, resid / mx.maximum(mass, 1e-30), p[:k])
+        choices = mx.random.categorical(mx.log(mx.concatenate([resid, p[k:]])), key=self._split())
+        ok_list, choice_list = ok.tolist(), choices.tolist()
+        n = 0
+        while n < k and ok_list[n]:
+            n += 1
+        return n, choice_list[n]
+
+
+def make_decider(cfg: SamplingConfig | None) -> Greedy:
+    cfg = cfg or SamplingConfig()
+    cfg.validate()
+    return Greedy(cfg) if cfg.greedy else Sampler(cfg)

@@ -1,0 +1,125 @@
+"""A/B checks: differences are explained (near-tie) or flagged (MISMATCH)."""
+
+import json
+import subprocess
+import sys
+from functools import lru_cache
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from models import ARCHS, random_prompt, tiny_target
+
+import hf2q_py
+from hf2q_py.ab import baseline_trace, compare, near_tie_bound, run_ab
+
+
+def test_baseline_trace_is_the_baseline():
+    target = tiny_target("llama", scale=2.0)
+    prompt = random_prompt(10)
+    tokens, tops = baseline_trace(target, prompt, 30)
+    assert tokens == hf2q_py.generate(target, prompt, max_tokens=30).tokens
+    assert all(t[0][1] >= t[1][1] for t in tops)
+
+
+def test_the_near_tie_bound_is_measured_and_small():
+    target = tiny_target("gemma4_text")
+    noise = near_tie_bound(target, random_prompt(40))
+    assert 0.0 <= noise.max_logit_diff < 1e-3
+    assert noise.bound == 2 * noise.max_logit_diff
+    assert noise.positions == 40
+
+
+def test_compare_classifies_by_the_margin_at_the_first_difference():
+    target = tiny_target("llama", scale=2.0)
+    prompt = random_prompt(8)
+    base, tops = baseline_trace(target, prompt, 12)
+    same = compare(target, prompt, base, tops, list(base), 1e-4, label="x")
+    assert same.verdict == "identical" and same.divergence is None
+    wrong = list(base)
+    wrong[5] = (wrong[5] + 1) % 128
+    margin = tops[5][0][1] - tops[5][1][1]
+    fault = compare(target, prompt, base, tops, wrong, bound=margin / 2, label="x")
+    assert fault.verdict == "MISMATCH" and fault.divergence.position == 5
+    assert fault.divergence.margin == pytest.approx(margin)
+    tie = compare(target, prompt, base, tops, wrong, bound=margin * 2, label="x")
+    assert tie.verdict == "near-tie"
+
+
+def test_mlx_lm_speculation_past_the_window_is_a_mismatch_and_ours_is_not():
+    """mlx-lm's RotatingKVCache trim corrupts sliding layers once they wrap."""
+    target = tiny_target("gemma4_text", seed=0, scale=1.0)
+    draft = tiny_target("gemma4_text", seed=1, scale=1.0)
+    prompt = random_prompt(10)
+    results, noise = run_ab(
+        target,
+        [("p", prompt)],
+        [("draft", dict(method="draft", draft=draft, k=4, adaptive=False)),
+         ("ngram", dict(method="ngram", k=4)),
+         ("mlx-lm-draft", dict(draft=draft, k=4))],
+        max_tokens=60,
+    )
+    verdict = {r.method: r.verdict for r in results}
+    assert verdict["draft"] in ("identical", "near-tie")
+    assert verdict["ngram"] in ("identical", "near-tie")
+    assert verdict["mlx-lm-draft"] == "MISMATCH"
+    bad = next(r for r in results if r.method == "mlx-lm-draft")
+    # only once a verify block of k + 1 = 5 tokens reaches past the window of 16
+    assert bad.divergence.position + len(prompt) + 5 > 16
+
+
+@lru_cache(maxsize=None)
+def cached_target(arch, scale):
+    return tiny_target(arch, scale=scale)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    arch=st.sampled_from([a for a in ARCHS if a != "gemma4_text_moe"]),
+    scale=st.sampled_from([1.0, 2.0]),
+    prompt_len=st.integers(1, 40),
+    max_tokens=st.integers(1, 40),
+    k=st.integers(1, 8),
+    method=st.sampled_from(["ngram", "draft", "layerskip"]),
+    adaptive=st.booleans(),
+    eos_at=st.one_of(st.none(), st.integers(0, 39)),
+    seed=st.integers(0, 1000),
+)
+def test_fuzz_every_method_equals_the_baseline(arch, scale, prompt_len, max_tokens, k, method, adaptive, eos_at, seed):
+    target = cached_target(arch, scale)
+    prompt = random_prompt(prompt_len, seed)
+    free = hf2q_py.generate(target, prompt, max_tokens=max_tokens).tokens
+    eos = {free[eos_at]} if eos_at is not None and eos_at < len(free) else set()
+    target.eos_token_ids = eos
+    try:
+        want, tops = baseline_trace(target, prompt, max_tokens)
+        opts = dict(method=method, k=k, adaptive=adaptive)
+        if method == "draft":
+            opts["draft"] = cached_target(arch, 2.0 if scale == 1.0 else 1.0)
+        if method == "layerskip":
+            if arch == "gemma4_text":
+                opts = dict(method="ngram", k=k, adaptive=adaptive)  # KV sharing: no layer skip
+            else:
+                opts["skip_layers"] = [1]
+        got = hf2q_py.generate(target, prompt, max_tokens=max_tokens, **opts).tokens
+        res = compare(target, prompt, want, tops, got, 2e-3, label=method)
+        assert res.verdict != "MISMATCH", res
+    finally:
+        target.eos_token_ids = set()
+
+
+@pytest.mark.slow
+def test_cli_ab_on_the_builtin_model(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Repeat after me: one two three, one two three."}) + "\n")
+    md = tmp_path / "ab.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hf2q_py", "ab", "--methods", "ngram,layerskip", "--prompts", str(prompts),
+         "--max-tokens", "24", "--skip-layers", "middle:6", "--markdown", str(md), "--json"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert {r["verdict"] for r in out["results"]} <= {"identical", "near-tie"}
+    assert out["noise"]["bound"] > 0
+    assert "near-tie bound" in md.read_text()
