@@ -82,11 +82,14 @@ def run_bench(
     *,
     max_tokens: int = 256,
     repeats: int = 1,
+    common: dict[str, Any] | None = None,
     log: Callable[[str], None] = print,
 ) -> list[BenchRow]:
     """Baseline and each method alternate on every workload; tok/s are decode
     rates (prefill excluded: it is the same forward for every method), the
-    median over ``repeats``."""
+    median over ``repeats``. ``common`` options (e.g. ``temperature``, ``seed``)
+    apply to every run, the baseline's included."""
+    common = dict(common or {})
     rows: list[BenchRow] = []
     for w in workloads:
         ids = encode_prompt(target, w.prompt)
@@ -98,7 +101,7 @@ def run_bench(
             if r % 2:
                 order.reverse()
             for label, opts in order:
-                res = generate(target, ids, max_tokens=max_tokens, **opts)
+                res = generate(target, ids, max_tokens=max_tokens, **common, **opts)
                 runs[label].append(res)
         base = runs["baseline"]
         base_rate = _median([x.stats.tokens_per_second for x in base])

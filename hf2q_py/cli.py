@@ -133,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--methods", default="ngram", help="comma-separated; options after ':' e.g. 'ngram:k=4,fixed' (separate methods with ';' when using options)")
     b.add_argument("--max-tokens", type=_positive_int, default=256)
     b.add_argument("--repeats", type=_positive_int, default=1)
+    b.add_argument("--temp", type=float, default=0.0, help="sampling temperature for every run (0: greedy)")
+    b.add_argument("--seed", type=int, default=0)
     b.add_argument("--only", default=None, help="run only workloads whose name contains this text")
     b.add_argument("--markdown", default=None, help="also write the table to this file")
     b.add_argument("--chart", default=None, help="write a PNG chart here (needs matplotlib)")
@@ -159,11 +161,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise Hf2qError(f"no workload matches --only {args.only!r}")
     target = hf2q_py.load(args.model, dtype=args.dtype)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    rows = run_bench(target, workloads, methods, max_tokens=args.max_tokens, repeats=args.repeats, log=log)
+    common = {"temperature": args.temp, "seed": args.seed} if args.temp > 0 else {}
+    rows = run_bench(target, workloads, methods, max_tokens=args.max_tokens, repeats=args.repeats,
+                     common=common, log=log)
     table = markdown_table(rows)
     header = (
         f"hf2q-py bench, {timestamp()}: model {target.source}, dtype {args.dtype}, "
-        f"max_tokens {args.max_tokens}, repeats {args.repeats}, OpenBLAS {hf2q_py.openblas_status().state}\n"
+        f"max_tokens {args.max_tokens}, repeats {args.repeats}, temperature {args.temp}, OpenBLAS {hf2q_py.openblas_status().state}\n"
     )
     print(header)
     print(table)

@@ -40,7 +40,8 @@ class AdaptiveK:
     plain decode round (a prior until measured). K = 0 means plain
     decoding; then a short probe round runs after a cool-down that doubles
     while probes keep failing, so a workload where drafts never pay runs at
-    plain-decoding speed.
+    plain-decoding speed. The first round is always a plain decode, to
+    measure the yardstick.
     """
 
     k_max: int
@@ -95,6 +96,8 @@ class AdaptiveK:
         return best
 
     def next_k(self) -> int:
+        if self.time(1) is None:
+            return 0  # first measure a plain decode round: the yardstick for every cost
         k = self.best_k()
         if k > 0:
             return k

@@ -105,7 +105,7 @@ def generate_tokens(
         return fwd
 
     def next_k() -> int:
-        if proposer is None:
+        if proposer is None or not proposer.active:
             return 0
         return min(policy.next_k(), max_tokens - stats.generated_tokens - 1)
 
@@ -127,13 +127,14 @@ def generate_tokens(
                 else:
                     q = proposer.draft_probs
                     fwd = rt.verify([tokens[-1], *drafts], capture_layers=capture)
-                    mx.async_eval(fwd.logits)
+                    mx.eval(fwd.logits)
                     ts = time.perf_counter()
                     n, t = decider.verify(fwd.logits, tokens, drafts, q[: len(drafts)] if q is not None else None)
                     rt.trim(len(drafts) - n)
                     new = drafts[:n] + [t]
                     te = time.perf_counter()
-                    policy.update(len(drafts) + 1, ts - tv, len(drafts), n)
+                    # the round's cost includes drafting (a draft model's or a skip pass's forwards)
+                    policy.update(len(drafts) + 1, ts - tp, len(drafts), n)
                     stats.record_round(len(drafts), n)
                     stats.propose_seconds += tv - tp
                     stats.verify_seconds += ts - tv

@@ -28,6 +28,12 @@ class Proposer:
     #: from, or None for point masses (argmax drafts, n-gram copies).
     draft_probs = None
 
+    @property
+    def active(self) -> bool:
+        """False once the proposer has decided not to draft at all (the
+        engine then decodes plainly, pipelined, without asking it)."""
+        return True
+
     def start(self, runtime: Any, prompt: Sequence[int], hidden: dict[int, Any]) -> None:
         """Called once, after the prompt (all but its last token) was prefilled."""
 
