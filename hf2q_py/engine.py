@@ -169,7 +169,8 @@ def generate_tokens(
             if done:
                 return
             if waiting is not None:
-                carried = waiting[1:] if waiting[0] == y else []
+                # greedy drafts stay valid if the decode confirmed the first one
+                carried = waiting[1:] if decider.cfg.greedy and waiting[0] == y else []
                 waiting = None
             if proposer is not None:
                 proposer.update(tokens, 0, 0, queued.hidden)
@@ -177,7 +178,7 @@ def generate_tokens(
             if queued is not None and proposer is not None and not proposer.uses_target_cache:
                 tp = time.perf_counter()
                 k = next_k()
-                if k > 0 and decider.cfg.greedy:  # carried drafts are checked by equality
+                if k > 0:  # drafts end the chain: speculation resumes after the queued decode
                     waiting = proposer.propose(tokens, k)[:k] or None
                 stats.propose_seconds += time.perf_counter() - tp
             if stats.rounds % CLEAR_CACHE_EVERY == 0:

@@ -95,6 +95,14 @@ def test_a_wrong_acceptance_rule_fails_the_same_test(setup):
     assert len(in_support) < len(counts) or p_value(in_support, dist, sum(in_support.values())) < ALPHA
 
 
+def test_sampling_keeps_speculating_after_plain_rounds():
+    from test_engine import loopy_prompt
+
+    target = tiny_target("gemma4_text", scale=1.5)
+    r = hf2q_py.generate(target, loopy_prompt(40), max_tokens=80, temperature=0.3, seed=1, method="ngram", k=4)
+    assert r.stats.empty_proposals > 0 and r.stats.verify_rounds > 3
+
+
 def test_same_seed_same_output():
     target = tiny_target("llama", scale=2.0)
     a = hf2q_py.generate(target, random_prompt(8), max_tokens=20, temperature=0.8, seed=7, method="ngram")
