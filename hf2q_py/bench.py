@@ -59,7 +59,7 @@ class BenchRow:
     baseline_tok_s: float
     acceptance: float
     mean_accepted_length: float
-    identical: bool
+    identical: bool | None  # None when sampling: outputs differ by design
     first_diff: int | None = None
     margin: float | None = None
 
@@ -110,10 +110,11 @@ def run_bench(
             res = runs[m.label]
             rate = _median([x.stats.tokens_per_second for x in res])
             s = res[0].stats
-            ident = res[0].tokens == base[0].tokens
+            sampled = common.get("temperature", 0) > 0
+            ident = None if sampled else res[0].tokens == base[0].tokens
             row = BenchRow(w.name, w.kind, m.label, len(res[0].tokens), rate, base_rate,
                            s.acceptance_rate, s.mean_accepted_length, ident)
-            if not ident:
+            if ident is False:
                 a, b = res[0].tokens, base[0].tokens
                 i = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))
                 row.first_diff = i
@@ -135,7 +136,12 @@ def markdown_table(rows: Sequence[BenchRow]) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
-        ident = "yes" if r.identical else f"no: first diff at {r.first_diff}, top-2 margin {r.margin:.3g}"
+        if r.identical is None:
+            ident = "n/a (sampled)"
+        elif r.identical:
+            ident = "yes"
+        else:
+            ident = f"no: first diff at {r.first_diff}, top-2 margin {r.margin:.3g}"
         out.append(
             f"| {r.workload} | {r.method} | {r.tokens} | {r.baseline_tok_s:.1f} | {r.tok_s:.1f} | "
             f"{r.speedup:.2f}x | {r.acceptance:.0%} | {r.mean_accepted_length:.2f} | {ident} |"

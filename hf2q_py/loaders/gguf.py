@@ -58,18 +58,30 @@ def _plain(value: Any) -> Any:
     return value
 
 
+#: Tensor types that ``mx.load`` reads correctly. It also *accepts* some
+#: K-quant files but returns wrong values for them, so the types are checked
+#: first and anything else goes through the gguf package's dequantizer.
+MX_LOAD_TYPES = {"F32", "F16", "Q4_0", "Q4_1", "Q8_0"}
+
+
 def read_gguf(path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
     """Tensors (quantized ones as weight/scales/biases) and plain metadata."""
     try:
-        tensors, meta = mx.load(str(path), return_metadata=True)
-        return tensors, {k: _plain(v) for k, v in meta.items()}
-    except Exception as first:
+        from gguf import GGUFReader
+
+        types = {t.tensor_type.name for t in GGUFReader(str(path)).tensors}
+    except Exception as e:
+        raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
+    if types <= MX_LOAD_TYPES:
         try:
-            return _read_with_gguf_package(path)
-        except ImportError:
-            raise ModelLoadError(f"{path}: needs the 'gguf' package for its tensor types") from first
+            tensors, meta = mx.load(str(path), return_metadata=True)
+            return tensors, {k: _plain(v) for k, v in meta.items()}
         except Exception as e:
-            raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from first
+            raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
+    try:
+        return _read_with_gguf_package(path)
+    except Exception as e:
+        raise ModelLoadError(f"{path}: cannot dequantize its tensors ({e})") from e
 
 
 def _read_with_gguf_package(path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:

@@ -1,0 +1,87 @@
+"""The n-gram proposer alone: cost per round at long contexts (no model).
+
+    python benchmarks/bench_ngram_index.py [--context 32768]
+
+Builds a context from Python standard-library source (real, repetitive
+text), tokenized with the built-in model's tokenizer when available
+(else one id per byte), then times rounds of "commit a few tokens, look up
+drafts" with the incremental index, against a rescan of the whole context
+per round for reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import random
+import statistics
+import time
+
+from hf2q_py.proposers.ngram import NgramProposer
+
+
+def stdlib_tokens(n: int) -> list[int]:
+    import argparse as a, json, textwrap, typing, dataclasses, inspect as i, pathlib
+
+    text = "".join(inspect.getsource(m) for m in (a, json.decoder, textwrap, typing, dataclasses, i, pathlib))
+    try:
+        import hf2q_py
+
+        tok = hf2q_py.load().tokenizer
+        ids = tok.encode(text)
+    except Exception:
+        ids = list(text.encode())
+    while len(ids) < n:
+        ids = ids + ids
+    return ids[:n]
+
+
+def rescan(tokens, min_n, max_n, k):
+    size = len(tokens)
+    for n in range(min(max_n, size - 1), min_n - 1, -1):
+        suffix = tokens[size - n :]
+        for s in range(0, size - n):
+            if tokens[s : s + n] == suffix:
+                return tokens[s + n : s + n + k]
+    return []
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--context", type=int, default=32768)
+    ap.add_argument("--rounds", type=int, default=200)
+    args = ap.parse_args()
+    ids = stdlib_tokens(args.context + args.rounds * 4)
+    rng = random.Random(0)
+    prompt = ids[: args.context]
+
+    t0 = time.perf_counter()
+    p = NgramProposer(1, 3)
+    p.start(None, prompt, {})
+    build = time.perf_counter() - t0
+
+    tokens = list(prompt)
+    pos = args.context
+    inc, naive = [], []
+    for r in range(args.rounds):
+        step = rng.randint(1, 4)
+        tokens += ids[pos : pos + step]
+        pos += step
+        t = time.perf_counter()
+        d = p.propose(tokens, 8)
+        inc.append(time.perf_counter() - t)
+        if r < 20:
+            t = time.perf_counter()
+            assert rescan(tokens, 1, 3, 8) == d
+            naive.append(time.perf_counter() - t)
+    print(f"n-gram proposer (min 1, max 3, k 8), context {args.context} tokens of stdlib source\n")
+    print("| what | time |")
+    print("|---|---:|")
+    print(f"| index the {args.context}-token prompt once | {build * 1e3:.1f} ms |")
+    print(f"| per round, incremental index (median of {args.rounds}) | {statistics.median(inc) * 1e6:.1f} us |")
+    print(f"| per round, incremental index (max) | {max(inc) * 1e6:.1f} us |")
+    print(f"| per round, full rescan (median of {len(naive)}) | {statistics.median(naive) * 1e3:.2f} ms |")
+
+
+if __name__ == "__main__":
+    main()
