@@ -34,7 +34,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--method", default="baseline", help="baseline, ngram, draft, layerskip or dflash")
+    p.add_argument("--method", default="baseline", help="baseline, ngram, draft or layerskip")
     p.add_argument("--k", type=_positive_int, default=8, help="(maximum) draft length per round")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--adaptive", dest="adaptive", action="store_true", default=True, help="choose K each round from measured acceptance and cost (default)")

@@ -10,7 +10,7 @@ from .errors import Hf2qError
 from .proposers.ngram import validate_ngram
 from .sampling import SamplingConfig
 
-METHODS = ("baseline", "ngram", "draft", "layerskip", "dflash")
+METHODS = ("baseline", "ngram", "draft", "layerskip")
 
 
 @dataclass
@@ -29,7 +29,6 @@ class SpecConfig:
     draft: Any = None  # draft model: a Target or a load() source
     draft_p_min: float = 0.0
     skip_layers: Sequence[int] | str | None = None
-    drafter: Any = None  # DFlash drafter: a folder path or a loaded drafter
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -40,8 +39,6 @@ class SpecConfig:
             raise Hf2qError(f"draft-p-min must be in [0, 1), got {self.draft_p_min}")
         if self.method == "draft" and self.draft is None:
             raise Hf2qError("method 'draft' needs a draft model (draft=... / --draft-model)")
-        if self.method == "dflash" and self.drafter is None:
-            raise Hf2qError("method 'dflash' needs a drafter (drafter=... / --drafter)")
 
 
 @dataclass

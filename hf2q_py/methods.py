@@ -23,11 +23,9 @@ def build_proposer(target: Target, spec: SpecConfig) -> tuple[Proposer | None, F
         draft = spec.draft if isinstance(spec.draft, Target) else _load_draft(spec.draft)
         check_compatible(target, draft)
         return DraftModelProposer(draft, spec.draft_p_min), policy
-    if spec.method == "layerskip":
-        from .proposers.layer_skip import LayerSkipProposer
+    from .proposers.layer_skip import LayerSkipProposer
 
-        return LayerSkipProposer(target, spec.skip_layers if spec.skip_layers is not None else "auto"), policy
-    raise NotImplementedError(f"method {spec.method!r} is not available yet")
+    return LayerSkipProposer(target, spec.skip_layers if spec.skip_layers is not None else "auto"), policy
 
 
 _draft_cache: dict[str, Target] = {}
