@@ -17,7 +17,7 @@ import random
 import statistics
 import time
 
-from hf2q_py.proposers.ngram import NgramProposer
+from hf2q_py.proposers.ngram import NgramProposer, lookup_by_rescan
 
 
 def stdlib_tokens(n: int) -> list[int]:
@@ -34,16 +34,6 @@ def stdlib_tokens(n: int) -> list[int]:
     while len(ids) < n:
         ids = ids + ids
     return ids[:n]
-
-
-def rescan(tokens, min_n, max_n, k):
-    size = len(tokens)
-    for n in range(min(max_n, size - 1), min_n - 1, -1):
-        suffix = tokens[size - n :]
-        for s in range(0, size - n):
-            if tokens[s : s + n] == suffix:
-                return tokens[s + n : s + n + k]
-    return []
 
 
 def main():
@@ -72,7 +62,7 @@ def main():
         inc.append(time.perf_counter() - t)
         if r < 20:
             t = time.perf_counter()
-            assert rescan(tokens, 1, 3, 8) == d
+            assert lookup_by_rescan(tokens, 1, 3, 8) == d
             naive.append(time.perf_counter() - t)
     print(f"n-gram proposer (min 1, max 3, k 8), context {args.context} tokens of stdlib source\n")
     print("| what | time |")

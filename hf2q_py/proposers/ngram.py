@@ -85,3 +85,15 @@ def propose_ngram(tokens: Sequence[int], min_n: int, max_n: int, k: int) -> list
     index = NgramIndex(min_n, max_n)
     index.extend(tokens)
     return index.lookup(k)
+
+
+def lookup_by_rescan(tokens: Sequence[int], min_n: int, max_n: int, k: int) -> list[int]:
+    """The same lookup written as its definition: a scan of the whole context
+    per call. The reference for tests and benchmarks, not for generation."""
+    size = len(tokens)
+    for n in range(min(max_n, size - 1), min_n - 1, -1):
+        suffix = list(tokens[size - n :])
+        for start in range(0, size - n):
+            if list(tokens[start : start + n]) == suffix:
+                return list(tokens[start + n : start + n + k])
+    return []
