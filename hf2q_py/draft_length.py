@@ -42,6 +42,11 @@ class AdaptiveK:
     while probes keep failing, so a workload where drafts never pay runs at
     plain-decoding speed. The first round is always a plain decode, to
     measure the yardstick.
+
+    ``timed=False`` replaces measured costs by the prior model, so K depends
+    only on acceptance: seeded sampling with a draft model or layer skip
+    then repeats exactly (which random draws a position uses depends on
+    whether it was drafted).
     """
 
     k_max: int
@@ -49,6 +54,7 @@ class AdaptiveK:
     prior_rate: float = 0.5
     prior_weight: float = 1.0
     prior_slope: float = 0.12  # c(L) = 1 + slope * (L - 1) until measured
+    timed: bool = True
     probe_k: int = 2
     min_cooldown: int = 8
     max_cooldown: int = 128
@@ -83,7 +89,7 @@ class AdaptiveK:
 
     def cost(self, n: int) -> float:
         t1, tn = self.time(1), self.time(n)
-        if t1 and tn:
+        if self.timed and t1 and tn:
             return max(1.0, tn / t1)  # timings are noisy; more tokens never cost less
         return 1.0 + self.prior_slope * (n - 1)
 

@@ -97,10 +97,11 @@ def generate_tokens(
         proposer.decider = decider
         proposer.start(rt, prompt, hidden)
 
-    def decode(token, context: list[int]) -> Forward:
-        """Queue a single-token forward; ``.logits`` becomes the next token (lazy)."""
+    def decode(token, context: list[int], ahead: int = 0) -> Forward:
+        """Queue a single-token forward of ``token`` (``ahead`` positions after
+        ``context``'s last token); ``.logits`` becomes the next token (lazy)."""
         fwd = rt.decode(token, capture_layers=capture)
-        fwd.logits = decider.next_token(fwd.logits[-1], context)
+        fwd.logits = decider.next_token(fwd.logits[-1], context, ahead)
         mx.async_eval(fwd.logits)
         return fwd
 
@@ -153,7 +154,7 @@ def generate_tokens(
             chain = waiting is None and stats.generated_tokens + 1 < max_tokens and not decider.needs_context
             if chain and proposer is not None and proposer.uses_target_cache:
                 chain = next_k() == 0  # it must draft from the cache at the last token
-            following = decode(queued.logits, tokens) if chain else None
+            following = decode(queued.logits, tokens, 1) if chain else None
             y = queued.logits.item()
             ts = time.perf_counter()
             if proposer is not None:

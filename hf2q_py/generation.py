@@ -106,7 +106,9 @@ def _stream(
     stats: GenerationStats,
     on_round: Callable[[RoundInfo], None] | None,
 ) -> Iterator[GenerationChunk]:
-    proposer, policy = build_proposer(target, config.spec)
+    sampling = config.sampling
+    seeded = sampling is not None and not sampling.greedy and sampling.seed is not None
+    proposer, policy = build_proposer(target, config.spec, seeded_sampling=seeded)
     tok = target.tokenizer
     detok = tok.detokenizer if tok is not None else None
     if detok is not None:

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .config import SpecConfig
 from .draft_length import AdaptiveK, FixedK
 from .proposers.base import Proposer
 from .target import Target
 
 
-def build_proposer(target: Target, spec: SpecConfig) -> tuple[Proposer | None, FixedK | AdaptiveK | None]:
+def build_proposer(
+    target: Target, spec: SpecConfig, *, seeded_sampling: bool = False
+) -> tuple[Proposer | None, FixedK | AdaptiveK | None]:
+    """``seeded_sampling``: the run must repeat exactly, so a proposer that
+    drafts from distributions gets a K that does not depend on timings."""
     spec.validate()
     if spec.method == "baseline":
         return None, None
-    policy = AdaptiveK(spec.k) if spec.adaptive else FixedK(spec.k)
+    timed = not (seeded_sampling and spec.method in ("draft", "layerskip", "dflash"))
+    policy = AdaptiveK(spec.k, timed=timed) if spec.adaptive else FixedK(spec.k)
     if spec.method == "ngram":
         from .proposers.ngram import NgramProposer
 
@@ -23,12 +30,23 @@ def build_proposer(target: Target, spec: SpecConfig) -> tuple[Proposer | None, F
         draft = spec.draft if isinstance(spec.draft, Target) else _load_draft(spec.draft)
         check_compatible(target, draft)
         return DraftModelProposer(draft, spec.draft_p_min), policy
+    if spec.method == "dflash":
+        from .proposers.dflash import DFlashProposer, resolve_drafter
+
+        if isinstance(spec.drafter, (str, Path)):  # a folder: load once per process
+            key = ("dflash", str(spec.drafter))
+            if key not in _draft_cache:
+                _draft_cache[key] = resolve_drafter(spec.drafter, target)
+            drafter = resolve_drafter(_draft_cache[key], target)
+        else:
+            drafter = resolve_drafter(spec.drafter, target)
+        return DFlashProposer(target, drafter), policy
     from .proposers.layer_skip import LayerSkipProposer
 
     return LayerSkipProposer(target, spec.skip_layers if spec.skip_layers is not None else "auto"), policy
 
 
-_draft_cache: dict[str, Target] = {}
+_draft_cache: dict = {}
 
 
 def _load_draft(source) -> Target:

@@ -14,10 +14,20 @@ for the verdict on a block of drafts (verify):
 
 Both apply the same logits processors (repetition penalty) in plain decoding
 and at every verified position, each with its own context.
+
+Randomness is keyed by (seed, position, purpose), never by how many draws
+came before, so a seeded run does not depend on how rounds were split. The
+target's own sample at a position is the Gumbel-max draw with that
+position's key, in plain decoding and in verification alike; a point-mass
+draft is accepted exactly when it equals that sample (probability p(d); the
+token otherwise follows the residual p without d). N-gram speculation at
+any K therefore emits exactly the tokens plain sampling with the same seed
+emits.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -104,8 +114,9 @@ class Greedy:
         """True when a token choice depends on the tokens before it (penalty)."""
         return self.cfg.repetition_penalty != 1.0
 
-    def next_token(self, logits: mx.array, context: Sequence[int]) -> mx.array:
-        """Token after ``context`` from a (vocab,) logits row (lazy)."""
+    def next_token(self, logits: mx.array, context: Sequence[int], ahead: int = 0) -> mx.array:
+        """Token ``ahead`` positions after ``context`` (whose tokens in between
+        are still in flight) from a (vocab,) logits row (lazy)."""
         if self.cfg.repetition_penalty != 1.0:
             logits = apply_penalty(logits[None], [context], self.cfg)[0]
         return mx.argmax(logits, axis=-1)
@@ -123,9 +134,25 @@ class Greedy:
             n += 1
         return n, targets[n]
 
-    def draft_token(self, logits: mx.array, context: Sequence[int]) -> tuple[mx.array, mx.array | None]:
-        """A proposer's own draft token and its distribution q (None: argmax)."""
-        return self.next_token(logits, context), None
+    def draft_token(
+        self, logits: mx.array, context: Sequence[int], ahead: int = 0
+    ) -> tuple[mx.array, mx.array | None]:
+        """A proposer's draft for the position ``ahead`` tokens after ``context``
+        and its distribution q (None: argmax). The penalty sees ``context`` only."""
+        return self.next_token(logits, context, ahead), None
+
+
+_SAMPLE, _DRAFT, _ACCEPT, _RESIDUAL = range(4)
+
+
+def _mix(*parts: int) -> int:
+    """A 64-bit hash of small integers (splitmix64 steps)."""
+    h = 0x9E3779B97F4A7C15
+    for x in parts:
+        h = (h ^ (x & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        h = (h ^ (h >> 31)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+        h ^= h >> 29
+    return h
 
 
 class Sampler(Greedy):
@@ -133,24 +160,28 @@ class Sampler(Greedy):
 
     def __init__(self, cfg: SamplingConfig):
         super().__init__(cfg)
-        self.key = mx.random.key(cfg.seed if cfg.seed is not None else int.from_bytes(__import__("os").urandom(4), "little"))
+        self.seed = cfg.seed if cfg.seed is not None else int.from_bytes(os.urandom(8), "little")
 
-    def _split(self) -> mx.array:
-        self.key, sub = mx.random.split(self.key)
-        return sub
+    def key(self, position: int, purpose: int) -> mx.array:
+        """The random key for ``purpose`` at sequence ``position``."""
+        return mx.random.key(_mix(self.seed, position, purpose))
 
     def probs(self, logits: mx.array, contexts: Sequence[Sequence[int]]) -> mx.array:
         return filtered_probs(apply_penalty(logits, contexts, self.cfg), self.cfg)
 
-    def _draw(self, p: mx.array) -> mx.array:
-        return mx.random.categorical(mx.log(p), key=self._split())
+    def draw(self, p: mx.array, position: int, purpose: int = _SAMPLE) -> mx.array:
+        """Gumbel-max samples from the rows of ``p``, row i keyed at ``position + i``."""
+        noise = [mx.random.gumbel(shape=p.shape[-1:], key=self.key(position + i, purpose)) for i in range(p.shape[0])]
+        return mx.argmax(mx.log(p) + mx.stack(noise), axis=-1)
 
-    def next_token(self, logits: mx.array, context: Sequence[int]) -> mx.array:
-        return self._draw(self.probs(logits[None], [context])[0])
+    def next_token(self, logits: mx.array, context: Sequence[int], ahead: int = 0) -> mx.array:
+        return self.draw(self.probs(logits[None], [context]), len(context) + ahead)[0]
 
-    def draft_token(self, logits: mx.array, context: Sequence[int]) -> tuple[mx.array, mx.array | None]:
-        q = self.probs(logits[None], [context])[0]
-        return self._draw(q), q
+    def draft_token(
+        self, logits: mx.array, context: Sequence[int], ahead: int = 0
+    ) -> tuple[mx.array, mx.array | None]:
+        q = self.probs(logits[None], [context])
+        return self.draw(q, len(context) + ahead, _DRAFT)[0], q[0]
 
     def accept(self, p_draft: mx.array, q_draft: mx.array, u: mx.array) -> mx.array:
         """Which drafts pass the test u < p(d) / q(d) (a hook tests can break)."""
@@ -159,23 +190,25 @@ class Sampler(Greedy):
     def verify(
         self, logits: mx.array, context: Sequence[int], drafts: Sequence[int], q: mx.array | None
     ) -> tuple[int, int]:
-        k = len(drafts)
+        k, pos = len(drafts), len(context)
         ctx = list(context)
         p = self.probs(logits, [ctx + list(drafts[:i]) for i in range(k + 1)])  # (k+1, V)
-        d = mx.array(list(drafts), dtype=mx.uint32)
-        if q is not None and q.shape[-1] < p.shape[-1]:  # a draft vocabulary may be smaller
-            q = mx.pad(q, [(0, 0), (0, p.shape[-1] - q.shape[-1])])
-        if q is None:  # point mass at each draft
-            q = mx.zeros((k, p.shape[-1]), dtype=mx.float32)
-            q = mx.put_along_axis(q, d[:, None], mx.ones((k, 1), dtype=mx.float32), axis=-1)
-        p_d = mx.take_along_axis(p[:k], d[:, None], axis=-1)[:, 0]
-        q_d = mx.take_along_axis(q, d[:, None], axis=-1)[:, 0]
-        ok = self.accept(p_d, q_d, mx.random.uniform(shape=(k,), key=self._split()))
-        # residual distributions for every position; row k (bonus) is p itself
-        resid = mx.maximum(p[:k] - q, 0.0)
-        mass = resid.sum(axis=-1, keepdims=True)
-        resid = mx.where(mass > 0, resid / mx.maximum(mass, 1e-30), p[:k])
-        choices = mx.random.categorical(mx.log(mx.concatenate([resid, p[k:]])), key=self._split())
+        own = self.draw(p, pos)  # the target's own sample at every position
+        if q is None:  # point masses: accept a draft exactly when it is the target's sample
+            ok = mx.array(list(drafts), dtype=own.dtype) == own[:k]
+            choices = own
+        else:
+            if q.shape[-1] < p.shape[-1]:  # a draft vocabulary may be smaller
+                q = mx.pad(q, [(0, 0), (0, p.shape[-1] - q.shape[-1])])
+            d = mx.array(list(drafts), dtype=mx.uint32)[:, None]
+            p_d = mx.take_along_axis(p[:k], d, axis=-1)[:, 0]
+            q_d = mx.take_along_axis(q, d, axis=-1)[:, 0]
+            u = mx.stack([mx.random.uniform(shape=(), key=self.key(pos + i, _ACCEPT)) for i in range(k)])
+            ok = self.accept(p_d, q_d, u)
+            resid = mx.maximum(p[:k] - q, 0.0)
+            mass = resid.sum(axis=-1, keepdims=True)
+            resid = mx.where(mass > 0, resid / mx.maximum(mass, 1e-30), p[:k])
+            choices = mx.concatenate([self.draw(resid, pos, _RESIDUAL), own[k:]])  # bonus: own sample
         ok_list, choice_list = ok.tolist(), choices.tolist()
         n = 0
         while n < k and ok_list[n]:

@@ -76,7 +76,7 @@ class DraftModelProposer(Proposer):
         dists: list[mx.array | None] = []
         confidence: list[mx.array] = []
         for i in range(k):
-            y, q = self.decider.draft_token(logits, tokens)
+            y, q = self.decider.draft_token(logits, tokens, i)
             steps.append(y)
             dists.append(q)
             if self.p_min > 0:

@@ -185,9 +185,9 @@ class LayerSkipProposer(Proposer):
             raise RuntimeError("layer-skip drafting needs the target cache at the last committed token")
         y = mx.array(tokens[-1], dtype=mx.uint32)
         steps, dists = [], []
-        for _ in range(k):
+        for i in range(k):
             logits = self.rt.forward(y.reshape(1, 1), skip_layers=self.skip).logits[-1]
-            y, q = self.decider.draft_token(logits, tokens)
+            y, q = self.decider.draft_token(logits, tokens, i)
             steps.append(y)
             dists.append(q)
             mx.async_eval(y)
