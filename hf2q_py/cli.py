@@ -34,7 +34,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--method", default="baseline", help="baseline, ngram, draft or layerskip")
+    p.add_argument("--method", default="baseline", help="baseline, ngram, draft, layerskip or dflash")
     p.add_argument("--k", type=_positive_int, default=8, help="(maximum) draft length per round")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--adaptive", dest="adaptive", action="store_true", default=True, help="choose K each round from measured acceptance and cost (default)")
@@ -44,6 +44,7 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", default=None, help="draft model (draft method): folder, HF repo id or GGUF")
     p.add_argument("--draft-p-min", type=float, default=0.0, help="stop drafting when the draft's confidence drops below this")
     p.add_argument("--skip-layers", default="auto", help="layer-skip set: auto, alternate, early:N, middle:N or a list like 3,5,7")
+    p.add_argument("--drafter", default=None, help="DFlash drafter folder (dflash method)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -71,6 +72,8 @@ def spec_options(args: argparse.Namespace) -> dict:
         options["draft"] = args.draft_model
     if args.method == "layerskip":
         options["skip_layers"] = args.skip_layers
+    if args.method == "dflash":
+        options["drafter"] = args.drafter
     return options
 
 
@@ -116,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("ab", help="compare methods with plain greedy decoding token by token")
     add_model_args(a)
-    a.add_argument("--methods", default="ngram", help="comma-separated: ngram, draft, layerskip, mlx-lm-draft")
+    a.add_argument("--methods", default="ngram", help="comma-separated: ngram, draft, layerskip, dflash, mlx-lm-draft")
     a.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     a.add_argument("--prompt-file", default=None, help="a file holding one prompt")
     a.add_argument("--prompts", default=None, help='JSONL file: one prompt per line, a string or {"prompt": ...}')
@@ -124,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--k", type=_positive_int, default=4)
     a.add_argument("--draft-model", default=None, help="draft model for draft and mlx-lm-draft")
     a.add_argument("--skip-layers", default="auto")
+    a.add_argument("--drafter", default=None, help="DFlash drafter folder for dflash")
     a.add_argument("--no-chat-template", action="store_true")
     a.add_argument("--json", action="store_true", help="print the results as JSON")
     a.add_argument("--markdown", default=None, help="also write the table to this file")
@@ -138,7 +142,56 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--only", default=None, help="run only workloads whose name contains this text")
     b.add_argument("--markdown", default=None, help="also write the table to this file")
     b.add_argument("--chart", default=None, help="write a PNG chart here (needs matplotlib)")
+
+    t = sub.add_parser("train-dflash", help="train a DFlash block drafter for a model by self-distillation")
+    t.add_argument("--target", default=None, help="target model (as --model); default: the built-in model")
+    t.add_argument("--dtype", default="auto", help="target dtype (as for generate)")
+    t.add_argument("--out", required=True, help="drafter folder to write (and resume from)")
+    t.add_argument("--prompts", default=None, help="prompt file (JSONL or one per line); default: built-in code-editing set")
+    t.add_argument("--samples", type=_positive_int, default=240, help="prompts the target answers for training data")
+    t.add_argument("--max-new-tokens", type=_positive_int, default=256, help="length of each answer")
+    t.add_argument("--layers", type=_positive_int, default=1, help="drafter decoder layers")
+    t.add_argument("--block-size", type=int, default=16)
+    t.add_argument("--target-layers", default=None, help="target layer ids to condition on, e.g. 1,14,27 (default: 3 spread)")
+    t.add_argument("--mask-token-id", type=int, default=None, help="token id used as the mask (default: the last id)")
+    t.add_argument("--steps", type=_positive_int, default=3000)
+    t.add_argument("--anchors", type=_positive_int, default=16, help="blocks per step")
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--holdout", type=int, default=16, help="sequences kept out of training for the acceptance estimate")
+    t.add_argument("--eval-every", type=_positive_int, default=250)
+    t.add_argument("--checkpoint-every", type=_positive_int, default=250)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--no-openblas", action="store_true", help=argparse.SUPPRESS)
     return parser
+
+
+def cmd_train_dflash(args: argparse.Namespace) -> int:
+    import hf2q_py
+    from hf2q_py.dflash.data import default_prompts, read_prompts, self_distill
+    from hf2q_py.dflash.train import TrainConfig, data_path, train
+
+    layer_ids = None
+    if args.target_layers:
+        try:
+            layer_ids = [int(x) for x in args.target_layers.split(",") if x.strip()]
+        except ValueError:
+            raise Hf2qError(f"--target-layers must be comma-separated integers, got {args.target_layers!r}") from None
+    cfg = TrainConfig(
+        out=args.out, layers=args.layers, block_size=args.block_size, target_layer_ids=layer_ids,
+        mask_token_id=args.mask_token_id, samples=args.samples, max_new_tokens=args.max_new_tokens,
+        steps=args.steps, anchors=args.anchors, lr=args.lr, holdout=args.holdout, eval_every=args.eval_every,
+        checkpoint_every=args.checkpoint_every, seed=args.seed,
+    )
+    cfg.validate()
+    prompts = read_prompts(args.prompts) if args.prompts else default_prompts(args.samples, seed=args.seed)
+    if len(prompts) < args.samples:
+        raise Hf2qError(f"--samples {args.samples} but only {len(prompts)} prompts")
+    target = hf2q_py.load(args.target, dtype=args.dtype)
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    rows = self_distill(target, prompts[: args.samples], data_path(cfg), max_new_tokens=args.max_new_tokens, log=log)
+    train(target, cfg, rows, log=log)
+    print(f"drafter written to {args.out} (use: hf2q-py generate --method dflash --drafter {args.out})")
+    return 0
 
 
 def split_methods(text: str) -> list[str]:
@@ -266,7 +319,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
     from hf2q_py.generation import encode_prompt
 
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
-    known = {"ngram", "draft", "layerskip", "mlx-lm-draft"}
+    known = {"ngram", "draft", "layerskip", "dflash", "mlx-lm-draft"}
     for m in names:
         if m not in known:
             raise Hf2qError(f"unknown method {m!r} for ab; choose from {', '.join(sorted(known))}")
@@ -275,6 +328,8 @@ def cmd_ab(args: argparse.Namespace) -> int:
     needs_draft = {"draft", "mlx-lm-draft"} & set(names)
     if needs_draft and not args.draft_model:
         raise Hf2qError(f"{', '.join(sorted(needs_draft))} needs --draft-model")
+    if "dflash" in names and not args.drafter:
+        raise Hf2qError("dflash needs --drafter")
     prompts = read_ab_prompts(args)
     target = hf2q_py.load(args.model, dtype=args.dtype)
     draft = hf2q_py.load(args.draft_model, dtype=args.dtype) if needs_draft else None
@@ -286,6 +341,8 @@ def cmd_ab(args: argparse.Namespace) -> int:
             methods.append((m, dict(method="draft", draft=draft, k=args.k)))
         elif m == "layerskip":
             methods.append((m, dict(method="layerskip", skip_layers=args.skip_layers, k=args.k)))
+        elif m == "dflash":
+            methods.append((m, dict(method="dflash", drafter=args.drafter, k=args.k)))
         else:
             methods.append((m, dict(draft=draft, k=args.k)))
     encoded = [(p, encode_prompt(target, p, not args.no_chat_template)) for p in prompts]
@@ -311,7 +368,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
     return 1 if mismatches else 0
 
 
-COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "ab": cmd_ab}
+COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "ab": cmd_ab, "train-dflash": cmd_train_dflash}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

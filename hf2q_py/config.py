@@ -10,7 +10,7 @@ from .errors import Hf2qError
 from .proposers.ngram import validate_ngram
 from .sampling import SamplingConfig
 
-METHODS = ("baseline", "ngram", "draft", "layerskip")
+METHODS = ("baseline", "ngram", "draft", "layerskip", "dflash")
 
 
 @dataclass
@@ -29,6 +29,7 @@ class SpecConfig:
     draft: Any = None  # draft model: a Target or a load() source
     draft_p_min: float = 0.0
     skip_layers: Sequence[int] | str | None = None
+    drafter: Any = None  # DFlash block drafter: a Drafter or a folder path
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -39,6 +40,8 @@ class SpecConfig:
             raise Hf2qError(f"draft-p-min must be in [0, 1), got {self.draft_p_min}")
         if self.method == "draft" and self.draft is None:
             raise Hf2qError("method 'draft' needs a draft model (draft=... / --draft-model)")
+        if self.method == "dflash" and self.drafter is None:
+            raise Hf2qError("method 'dflash' needs a drafter (drafter=... / --drafter PATH)")
 
 
 @dataclass

@@ -59,6 +59,7 @@ METHODS = {
     "ngram": dict(method="ngram", k=2, adaptive=False),
     "draft": dict(method="draft", k=2, adaptive=False),
     "layerskip": dict(method="layerskip", skip_layers=[1, 2], k=2, adaptive=False),
+    "dflash": dict(method="dflash", k=2, adaptive=False),
 }
 
 
@@ -68,6 +69,10 @@ def test_first_tokens_follow_the_target_distribution(setup, method):
     opts = dict(METHODS[method])
     if method == "draft":
         opts["draft"] = tiny_target("llama", seed=1, scale=2.0)
+    if method == "dflash":
+        from hf2q_py.dflash.model import drafter_for
+
+        opts["drafter"] = drafter_for(target, layers=1, block_size=4, target_layer_ids=[0, 2], seed=1)
     if method == "ngram":  # put the likely continuations in the context so drafts happen
         prompt = prompt + [t for pair in sorted(dist, key=dist.get)[-3:] for t in pair] + prompt[-2:]
         dist = exact_two_token_distribution(target, prompt, SamplingConfig(**CFG))

@@ -1,0 +1,419 @@
+"""The DFlash block drafter: a few Qwen3-style layers that draft a whole block
+of tokens in one forward, conditioned on hidden states captured from the
+target.
+
+- Context: the target's outputs at ``target_layer_ids`` for the committed
+  tokens, concatenated and fused by ``fc`` (n_layers*H -> H) and an RMSNorm.
+  Each layer projects them with its own k/v projections (k-norm, RoPE at the
+  context positions) into the drafter's KV cache.
+- Block: ``[last_token] + [mask_token] * (block_size - 1)``, embedded with the
+  target's embedding, at the positions that follow the context. Its queries
+  attend to the cached context and to the whole block (no causal mask); the
+  drafts come from the last ``block_size - 1`` positions through the target's
+  own LM head.
+
+The drafter has no embedding or head of its own; ``TargetHead`` lends them.
+Weight names and config.json follow the published (z-lab) format.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..errors import Hf2qError, ModelLoadError
+
+ARCHITECTURE = "DFlashDraftModel"
+
+
+@dataclass
+class DrafterConfig:
+    """Shape and wiring of a drafter (config.json, published format)."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    target_layer_ids: tuple[int, ...]
+    mask_token_id: int
+    block_size: int = 16
+    num_target_layers: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 32768
+    layer_types: tuple[str, ...] = field(default_factory=tuple)
+    sliding_window: int | None = None
+
+    def __post_init__(self):
+        self.target_layer_ids = tuple(int(i) for i in self.target_layer_ids)
+        if not self.layer_types:
+            self.layer_types = ("full_attention",) * self.num_hidden_layers
+        self.layer_types = tuple(self.layer_types)
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise Hf2qError(
+                f"drafter config: layer_types has {len(self.layer_types)} entries "
+                f"for {self.num_hidden_layers} layers"
+            )
+        unknown = set(self.layer_types) - {"full_attention", "sliding_attention"}
+        if unknown:
+            raise Hf2qError(f"drafter config: unsupported layer_types {sorted(unknown)}")
+        if "sliding_attention" in self.layer_types and not self.sliding_window:
+            raise Hf2qError("drafter config: sliding_attention layers need sliding_window")
+        if self.block_size < 2:
+            raise Hf2qError(f"drafter config: block_size must be >= 2, got {self.block_size}")
+        if not self.target_layer_ids:
+            raise Hf2qError("drafter config: dflash_config.target_layer_ids is empty")
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> "DrafterConfig":
+        """Parse a published config.json (``block_size`` at the top level or in
+        ``dflash_config``; ``mask_token_id`` and ``target_layer_ids`` in it)."""
+        dflash = cfg.get("dflash_config") or {}
+        missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                               "vocab_size") if k not in cfg]
+        missing += [f"dflash_config.{k}" for k in ("mask_token_id", "target_layer_ids") if k not in dflash]
+        if missing:
+            raise Hf2qError(f"drafter config.json lacks {', '.join(missing)}")
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+        theta = cfg.get("rope_theta", (rope or {}).get("rope_theta", 1_000_000.0))
+        if rope is not None and rope.get("rope_type", rope.get("type")) in (None, "default"):
+            rope = None
+        heads = cfg["num_attention_heads"]
+        return cls(
+            hidden_size=cfg["hidden_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            intermediate_size=cfg["intermediate_size"],
+            vocab_size=cfg["vocab_size"],
+            target_layer_ids=tuple(dflash["target_layer_ids"]),
+            mask_token_id=int(dflash["mask_token_id"]),
+            block_size=int(cfg.get("block_size", dflash.get("block_size", 16))),
+            num_target_layers=cfg.get("num_target_layers"),
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            rope_scaling=rope,
+            max_position_embeddings=cfg.get("max_position_embeddings", 32768),
+            layer_types=tuple(cfg.get("layer_types") or ()),
+            sliding_window=cfg.get("sliding_window"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The published config.json layout."""
+        d = asdict(self)
+        dflash = {"mask_token_id": d.pop("mask_token_id"), "target_layer_ids": list(d.pop("target_layer_ids"))}
+        d["layer_types"] = list(d["layer_types"])
+        if d["rope_scaling"] is None:
+            d.pop("rope_scaling")
+        return {"architectures": [ARCHITECTURE], "model_type": "qwen3", **d, "dflash_config": dflash,
+                "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False}
+
+
+class DrafterAttention(nn.Module):
+    def __init__(self, cfg: DrafterConfig, layer: int):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.scale = d**-0.5
+        self.window = cfg.sliding_window if cfg.layer_types[layer] == "sliding_attention" else None
+        self.q_proj = nn.Linear(h, self.n_heads * d, bias=False)
+        self.k_proj = nn.Linear(h, self.n_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, self.n_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * d, h, bias=False)
+        self.q_norm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
+
+    def _heads(self, x: mx.array, n: int, norm: nn.Module | None) -> mx.array:
+        B, L, _ = x.shape
+        x = x.reshape(B, L, n, self.head_dim)
+        return (norm(x) if norm is not None else x).transpose(0, 2, 1, 3)
+
+    def context_kv(self, ctx: mx.array, rope: nn.Module, offset: int) -> tuple[mx.array, mx.array]:
+        """Keys and values of fused context features at positions offset, offset+1, ..."""
+        k = rope(self._heads(self.k_proj(ctx), self.n_kv_heads, self.k_norm), offset=offset)
+        return k, self._heads(self.v_proj(ctx), self.n_kv_heads, None)
+
+    def __call__(
+        self,
+        x: mx.array,
+        ctx_k: mx.array,
+        ctx_v: mx.array,
+        rope: nn.Module,
+        block_pos: int | mx.array,
+        ctx_visible: mx.array | None,
+    ) -> mx.array:
+        """``x``: (N, L, H) blocks starting at ``block_pos`` (an int, or (N,)
+        positions); ``ctx_k/v``: (1 or N, kv_heads, S, d); ``ctx_visible``:
+        None (all context visible) or a bool mask (N, 1, L, S)."""
+        N, L, _ = x.shape
+        q = rope(self._heads(self.q_proj(x), self.n_heads, self.q_norm), offset=block_pos)
+        k = rope(self._heads(self.k_proj(x), self.n_kv_heads, self.k_norm), offset=block_pos)
+        v = self._heads(self.v_proj(x), self.n_kv_heads, None)
+        S = ctx_k.shape[2]
+        if ctx_k.shape[0] != N:
+            ctx_k, ctx_v = mx.broadcast_to(ctx_k, (N, *ctx_k.shape[1:])), mx.broadcast_to(ctx_v, (N, *ctx_v.shape[1:]))
+        keys, values = mx.concatenate([ctx_k, k], axis=2), mx.concatenate([ctx_v, v], axis=2)
+        mask = None
+        if self.window is not None and S:
+            # a query at block position i sees context key j when (pos_i - pos_j) < window
+            start = block_pos if isinstance(block_pos, mx.array) else mx.array([block_pos])
+            q_pos = start.reshape(-1, 1, 1, 1) + mx.arange(L).reshape(1, 1, L, 1)
+            k_pos = (start.reshape(-1, 1, 1, 1) - S) + mx.arange(S).reshape(1, 1, 1, S)
+            in_window = (q_pos - k_pos) < self.window
+            ctx_visible = in_window if ctx_visible is None else ctx_visible & in_window
+        if ctx_visible is not None:
+            block = mx.ones((*ctx_visible.shape[:3], L), dtype=mx.bool_)
+            mask = mx.concatenate([mx.broadcast_to(ctx_visible, (*ctx_visible.shape[:3], S)), block], axis=-1)
+        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(N, L, -1))
+
+
+class DrafterMLP(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig, layer: int):
+        super().__init__()
+        self.self_attn = DrafterAttention(cfg, layer)
+        self.mlp = DrafterMLP(cfg)
+        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+
+class DrafterCache:
+    """The fused context's keys and values per layer; only committed
+    positions ever enter it, so it never needs trimming."""
+
+    def __init__(self, n_layers: int):
+        self.keys: list[mx.array | None] = [None] * n_layers
+        self.values: list[mx.array | None] = [None] * n_layers
+        self.offset = 0
+
+    def append(self, layer: int, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
+        if self.keys[layer] is not None:
+            k = mx.concatenate([self.keys[layer], k], axis=2)
+            v = mx.concatenate([self.values[layer], v], axis=2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+    def state(self) -> list[mx.array]:
+        return [a for a in self.keys + self.values if a is not None]
+
+
+class Drafter(nn.Module):
+    """The block drafter (see module docstring)."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        from mlx_lm.models.rope_utils import initialize_rope
+
+        self.config = cfg
+        self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.layers = [DrafterLayer(cfg, i) for i in range(cfg.num_hidden_layers)]
+        self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self._rope = initialize_rope(cfg.head_dim, cfg.rope_theta, False, cfg.rope_scaling,
+                                     cfg.max_position_embeddings)
+
+    def fuse(self, features: mx.array) -> mx.array:
+        """(N, S, n_layers*H) concatenated target states -> (N, S, H) context."""
+        return self.hidden_norm(self.fc(features))
+
+    def __call__(
+        self,
+        x: mx.array,
+        features: mx.array | None,
+        *,
+        cache: DrafterCache | None = None,
+        block_pos: int | mx.array | None = None,
+        ctx_visible: mx.array | None = None,
+    ) -> mx.array:
+        """Final-norm hidden states (N, L, H) of embedded blocks ``x``.
+
+        Inference: ``features`` are the context positions new since the last
+        call; they join ``cache`` and the block sits right after them.
+        Training (no cache): ``features`` (1, S, ...) cover positions 0..S-1,
+        ``block_pos`` gives each block's start and ``ctx_visible`` (N, 1, L, S)
+        which context positions each block may see.
+        """
+        S = features.shape[1] if features is not None else 0
+        ctx = self.fuse(features) if S else None
+        if cache is not None:
+            ctx_offset, block_pos = cache.offset, cache.offset + S
+        else:
+            ctx_offset = 0
+        h = x
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            if ctx is not None:
+                k, v = attn.context_kv(ctx, self._rope, ctx_offset)
+            else:
+                k = v = mx.zeros((1, attn.n_kv_heads, 0, attn.head_dim), dtype=h.dtype)
+            if cache is not None:
+                k, v = cache.append(i, k, v) if S else (cache.keys[i], cache.values[i])
+                if k is None:
+                    k = v = mx.zeros((1, attn.n_kv_heads, 0, attn.head_dim), dtype=h.dtype)
+            h = h + attn(layer.input_layernorm(h), k, v, self._rope, block_pos, ctx_visible)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        if cache is not None:
+            cache.offset += S
+        return self.norm(h)
+
+    def make_cache(self) -> DrafterCache:
+        return DrafterCache(len(self.layers))
+
+
+class TargetHead:
+    """The target's embedding (with its scale) and LM head (with its softcap),
+    lent to the drafter."""
+
+    def __init__(self, target: Any):
+        model = target.model
+        decoder = target._decoder
+        if decoder is None or not hasattr(decoder, "embed_tokens"):
+            raise Hf2qError(f"cannot find the embedding of {type(model).__name__} to lend to the drafter")
+        self.embed_tokens = decoder.embed_tokens
+        scale = getattr(decoder, "embed_scale", None)
+        model_type = str(getattr(getattr(model, "args", None), "model_type", ""))
+        if scale is None and model_type.startswith("gemma"):
+            scale = target.hidden_size**0.5
+        self.scale = float(scale or 1.0)
+        head = getattr(model, "lm_head", None)
+        self.head = head if head is not None else self.embed_tokens.as_linear
+        cap = getattr(model, "final_logit_softcapping", None)
+        if cap is None:
+            cap = getattr(getattr(model, "args", None), "final_logit_softcapping", None)
+        self.softcap = cap
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        h = self.embed_tokens(tokens)
+        return h * self.scale if self.scale != 1.0 else h
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        out = self.head(hidden)
+        if self.softcap:
+            out = mx.tanh(out / self.softcap) * self.softcap
+        return out
+
+
+# -- folders in the published format ---------------------------------------------
+
+
+def check_against_target(cfg: DrafterConfig, target: Any) -> None:
+    """Refuse a drafter that was not made for ``target``."""
+    if cfg.hidden_size != target.hidden_size:
+        raise Hf2qError(
+            f"the drafter's hidden size ({cfg.hidden_size}) differs from the target's ({target.hidden_size})"
+        )
+    if target.vocab_size is not None and cfg.vocab_size != target.vocab_size:
+        raise Hf2qError(f"the drafter's vocabulary ({cfg.vocab_size}) differs from the target's ({target.vocab_size})")
+    bad = [i for i in cfg.target_layer_ids if not 0 <= i < target.num_layers]
+    if bad:
+        raise Hf2qError(
+            f"drafter target_layer_ids {bad} are out of range for a target with {target.num_layers} layers"
+        )
+    if cfg.num_target_layers is not None and cfg.num_target_layers != target.num_layers:
+        raise Hf2qError(
+            f"the drafter was made for a {cfg.num_target_layers}-layer target; this one has {target.num_layers}"
+        )
+    if not 0 <= cfg.mask_token_id < cfg.vocab_size:
+        raise Hf2qError(f"drafter mask_token_id {cfg.mask_token_id} is outside the vocabulary")
+
+
+BORROWED = ("embed_tokens.", "lm_head.", "model.embed_tokens.")
+
+
+def load_drafter(path: str | Path, dtype: Any = None) -> Drafter:
+    """Read a drafter folder (config.json + *.safetensors)."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"drafter folder {path} has no config.json")
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"drafter config {path / 'config.json'} is not valid JSON: {e}") from None
+    arch = (raw.get("architectures") or [ARCHITECTURE])[0]
+    if arch != ARCHITECTURE:
+        raise ModelLoadError(f"unsupported drafter architecture {arch!r} (expected {ARCHITECTURE})")
+    drafter = Drafter(DrafterConfig.from_dict(raw))
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"drafter folder {path} has no .safetensors weights")
+    weights = {k: v for f in files for k, v in mx.load(str(f)).items() if not k.startswith(BORROWED)}
+    try:
+        drafter.load_weights(list(weights.items()), strict=True)
+    except ValueError as e:
+        raise ModelLoadError(f"drafter weights in {path} do not match its config: {e}") from None
+    if dtype is not None:
+        drafter.set_dtype(dtype)
+    mx.eval(drafter.parameters())
+    drafter.eval()
+    return drafter
+
+
+def save_drafter(drafter: Drafter, path: str | Path, extra: dict[str, Any] | None = None) -> None:
+    """Write ``drafter`` as a published-format folder."""
+    from mlx.utils import tree_flatten
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = drafter.config.to_dict()
+    if extra:
+        cfg.update(extra)
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(drafter.parameters())))
+    (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def default_layer_ids(num_target_layers: int, n: int) -> list[int]:
+    """``n`` target layers spread from the second to the third-to-last, as the
+    DFlash reference picks them."""
+    if n == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return [round(start + i * (end - start) / (n - 1)) for i in range(n)]
+
+
+def drafter_for(target: Any, *, layers: int = 1, target_layer_ids: Sequence[int] | None = None,
+                block_size: int = 16, mask_token_id: int | None = None, seed: int = 0) -> Drafter:
+    """A freshly initialised drafter shaped after ``target`` (Qwen3-style
+    layers with the target's width and head layout)."""
+    args = target.model.args
+    heads = getattr(args, "num_attention_heads")
+    ids = list(target_layer_ids) if target_layer_ids is not None else default_layer_ids(target.num_layers, 3)
+    cfg = DrafterConfig(
+        hidden_size=target.hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=getattr(args, "num_key_value_heads", None) or heads,
+        head_dim=getattr(args, "head_dim", None) or target.hidden_size // heads,
+        intermediate_size=getattr(args, "intermediate_size"),
+        vocab_size=target.vocab_size,
+        target_layer_ids=tuple(ids),
+        mask_token_id=mask_token_id if mask_token_id is not None else target.vocab_size - 1,
+        block_size=block_size,
+        num_target_layers=target.num_layers,
+        rms_norm_eps=getattr(args, "rms_norm_eps", 1e-6),
+        rope_theta=float(getattr(args, "rope_theta", 10000.0)),
+    )
+    mx.random.seed(seed)
+    drafter = Drafter(cfg)
+    check_against_target(cfg, target)
+    return drafter

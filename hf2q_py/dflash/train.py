@@ -1,0 +1,242 @@
+"""Training a DFlash drafter by self-distillation (``hf2q-py train-dflash``).
+
+1. Data: the target answers a prompt set greedily (``data.self_distill``).
+2. Features: one target forward per sequence captures the hidden states at
+   the drafter's ``target_layer_ids`` (kept in memory as float16).
+3. Steps: each step takes one sequence and ``anchors`` random anchor
+   positions in its answer. A block is ``[token at anchor] + masks``; it sees
+   the context features before the anchor and predicts the next
+   ``block_size - 1`` tokens. Cross-entropy is weighted by
+   ``exp(-(i - 1) / gamma)`` for block position i, as in the DFlash paper,
+   since early positions decide most of the accepted length.
+4. AdamW with warmup and cosine decay; every ``eval_every`` steps a held-out
+   estimate of the mean accepted length (greedy drafts against the target's
+   own greedy answer); checkpoints every ``checkpoint_every`` steps, written
+   in the folder format ``load_drafter`` reads, plus optimizer state to resume.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+from mlx.utils import tree_flatten, tree_unflatten
+
+from ..errors import Hf2qError
+from .model import Drafter, DrafterConfig, TargetHead, drafter_for, load_drafter, save_drafter
+
+STATE_DIR = "train-state"
+
+
+@dataclass
+class TrainConfig:
+    """Options of ``hf2q-py train-dflash`` (defaults: the built-in model's run)."""
+
+    out: str
+    layers: int = 1
+    block_size: int = 16
+    target_layer_ids: Sequence[int] | None = None
+    mask_token_id: int | None = None
+    samples: int = 240
+    max_new_tokens: int = 256
+    steps: int = 3000
+    anchors: int = 16
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    warmup: int = 100
+    gamma: float = 7.0
+    holdout: int = 16
+    eval_every: int = 250
+    checkpoint_every: int = 250
+    seed: int = 0
+
+    def validate(self) -> None:
+        for name in ("layers", "samples", "max_new_tokens", "steps", "anchors", "eval_every", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise Hf2qError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.block_size < 2:
+            raise Hf2qError(f"block-size must be >= 2, got {self.block_size}")
+        if not 0 <= self.holdout < self.samples:
+            raise Hf2qError(f"holdout must be in [0, samples), got {self.holdout}")
+        if not self.lr > 0:
+            raise Hf2qError(f"lr must be > 0, got {self.lr}")
+
+
+@dataclass
+class Sequence_:
+    tokens: mx.array  # (S,)
+    features: mx.array  # (1, S, n_layers * H), float16
+    first_anchor: int  # the last prompt token: blocks start at or after it
+
+
+def target_features(target, tokens: list[int], layer_ids: Sequence[int]) -> mx.array:
+    """Hidden states at ``layer_ids`` for every position, concatenated."""
+    rt = target.runtime()
+    fwd = rt.prefill(tokens, logits="none", capture_layers=tuple(layer_ids))
+    feats = mx.concatenate([fwd.hidden[i] for i in layer_ids], axis=-1).astype(mx.float16)
+    mx.eval(feats)
+    return feats
+
+
+def block_batch(seq: Sequence_, anchors: mx.array, cfg: DrafterConfig) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """(block tokens (N, B), labels (N, B-1), valid (N, B-1), ctx_visible (N, 1, 1, S))."""
+    B, S = cfg.block_size, seq.tokens.shape[0]
+    offsets = mx.arange(1, B)
+    idx = anchors[:, None] + offsets[None]
+    valid = idx < S
+    labels = seq.tokens[mx.minimum(idx, S - 1)]
+    mask = mx.full((anchors.shape[0], B - 1), cfg.mask_token_id, dtype=seq.tokens.dtype)
+    block = mx.concatenate([seq.tokens[anchors][:, None], mask], axis=1)
+    visible = (mx.arange(S)[None] < anchors[:, None])[:, None, None, :]
+    return block, labels, valid, visible
+
+
+def block_loss(drafter: Drafter, head: TargetHead, seq: Sequence_, anchors: mx.array, weights: mx.array) -> mx.array:
+    block, labels, valid, visible = block_batch(seq, anchors, drafter.config)
+    h = drafter(head.embed(block), seq.features.astype(mx.float32), block_pos=anchors, ctx_visible=visible)
+    logits = head.logits(h[:, 1:])
+    ce = nn.losses.cross_entropy(logits, labels)
+    w = weights[None] * valid
+    return (ce * w).sum() / w.sum()
+
+
+def accepted_lengths(drafter: Drafter, head: TargetHead, seq: Sequence_, anchors: mx.array) -> mx.array:
+    """Per anchor: 1 + the number of leading greedy drafts equal to the labels
+    (the target's own greedy tokens)."""
+    block, labels, valid, visible = block_batch(seq, anchors, drafter.config)
+    h = drafter(head.embed(block), seq.features.astype(mx.float32), block_pos=anchors, ctx_visible=visible)
+    hits = (mx.argmax(head.logits(h[:, 1:]), axis=-1) == labels) & valid
+    return 1 + mx.cumprod(hits.astype(mx.int32), axis=1).sum(axis=1)
+
+
+def _anchors(rng: random.Random, seq: Sequence_, n: int) -> mx.array | None:
+    lo, hi = seq.first_anchor, seq.tokens.shape[0] - 2
+    if hi < lo:
+        return None
+    span = range(lo, hi + 1)
+    return mx.array(sorted(rng.sample(span, min(n, len(span)))), dtype=mx.int32)
+
+
+def _progress(step: int, total: int, loss: float, mal: float | None, sec: float) -> str:
+    width = 24
+    filled = int(width * step / total)
+    eta = sec * (total - step)
+    mal_s = f"{mal:.2f}" if mal is not None else "-"
+    return (f"\r[{'#' * filled}{'.' * (width - filled)}] step {step}/{total} loss {loss:.3f} "
+            f"held-out MAL {mal_s} {sec:.2f} s/step eta {eta / 60:.0f} min ")
+
+
+def data_path(cfg: TrainConfig) -> Path:
+    """Where the self-distilled sequences of a run are kept (resumable)."""
+    path = Path(cfg.out) / STATE_DIR / "data.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def train(target, cfg: TrainConfig, rows: Sequence[dict], *, log: Callable[[str], None] | None = None,
+          progress: bool = True) -> Drafter:
+    """Train (or resume training) on ``rows`` ({"prompt_tokens": n, "tokens":
+    [...]}, as ``data.self_distill`` writes them); returns the drafter, also
+    saved in ``cfg.out``."""
+    cfg.validate()
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    out = Path(cfg.out)
+    state_dir = out / STATE_DIR
+    state_dir.mkdir(parents=True, exist_ok=True)
+    resume = (state_dir / "trainer.json").is_file()
+    if resume:
+        drafter = load_drafter(out)
+        state = json.loads((state_dir / "trainer.json").read_text())
+        if state["config"]["block_size"] != cfg.block_size or state["config"]["layers"] != cfg.layers:
+            raise Hf2qError(f"{out} holds a run with other shapes; use another --out or the same options")
+    else:
+        drafter = drafter_for(target, layers=cfg.layers, target_layer_ids=cfg.target_layer_ids,
+                              block_size=cfg.block_size, mask_token_id=cfg.mask_token_id, seed=cfg.seed)
+        state = {"step": 0, "history": []}
+    dcfg = drafter.config
+    head = TargetHead(target)
+    log(f"features: {len(rows)} sequences, layers {list(dcfg.target_layer_ids)}")
+    seqs = []
+    for r in rows:
+        toks = r["tokens"]
+        if len(toks) - r["prompt_tokens"] < 2:
+            continue
+        seqs.append(Sequence_(mx.array(toks, dtype=mx.int32), target_features(target, toks, dcfg.target_layer_ids),
+                              r["prompt_tokens"] - 1))
+    if len(seqs) <= cfg.holdout:
+        raise Hf2qError(f"only {len(seqs)} usable sequences; need more than holdout={cfg.holdout}")
+    held, train_seqs = seqs[: cfg.holdout], seqs[cfg.holdout :]
+
+    # -- optimiser ----------------------------------------------------------------
+    schedule = optim.join_schedules(
+        [optim.linear_schedule(cfg.lr * 0.01, cfg.lr, cfg.warmup),
+         optim.cosine_decay(cfg.lr, max(1, cfg.steps - cfg.warmup), cfg.lr * 0.05)],
+        [cfg.warmup],
+    )
+    opt = optim.AdamW(learning_rate=schedule, weight_decay=cfg.weight_decay)
+    if resume and (state_dir / "optimizer.safetensors").is_file():
+        opt.init(drafter.trainable_parameters())
+        opt.state = tree_unflatten(list(mx.load(str(state_dir / "optimizer.safetensors")).items()))
+    weights = mx.exp(-mx.arange(cfg.block_size - 1, dtype=mx.float32) / cfg.gamma)
+    loss_and_grad = nn.value_and_grad(drafter, lambda m, s, a: block_loss(m, head, s, a, weights))
+    drafter.train()
+
+    def evaluate() -> float:
+        rng = random.Random(1234)
+        lengths = []
+        for s in held:
+            a = _anchors(rng, s, 32)
+            if a is not None:
+                lengths.append(accepted_lengths(drafter, head, s, a))
+        return mx.concatenate(lengths).astype(mx.float32).mean().item() if lengths else float("nan")
+
+    def checkpoint(step: int, mal: float | None) -> None:
+        save_drafter(drafter, out, extra={"hf2q_training": {"step": step, "held_out_mal": mal,
+                                                            "target": str(target.source)}})
+        mx.save_safetensors(str(state_dir / "optimizer.safetensors"), dict(tree_flatten(opt.state)))
+        state.update(step=step, config=asdict(cfg))
+        (state_dir / "trainer.json").write_text(json.dumps(state, indent=1) + "\n")
+
+    rng = random.Random(cfg.seed * 1_000_003 + state["step"])
+    mal = state["history"][-1]["held_out_mal"] if state["history"] else None
+    smooth, t0, step0 = None, time.perf_counter(), state["step"]
+    tty, last_draw = sys.stderr.isatty(), 0.0
+    for step in range(state["step"] + 1, cfg.steps + 1):
+        seq = rng.choice(train_seqs)
+        a = _anchors(rng, seq, cfg.anchors)
+        loss, grads = loss_and_grad(drafter, seq, a)
+        opt.update(drafter, grads)
+        mx.eval(drafter.parameters(), opt.state, loss)
+        smooth = loss.item() if smooth is None else 0.95 * smooth + 0.05 * loss.item()
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            drafter.eval()
+            mal = evaluate()
+            drafter.train()
+            state["history"].append({"step": step, "loss": round(smooth, 4), "held_out_mal": round(mal, 3),
+                                     "seconds": round(time.perf_counter() - t0, 1)})
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            checkpoint(step, mal)
+        if progress:
+            sec = (time.perf_counter() - t0) / (step - step0)
+            line = _progress(step, cfg.steps, smooth, mal, sec)
+            if tty:  # redraw in place, at most a few times a second
+                if time.perf_counter() - last_draw > 0.25 or step == cfg.steps:
+                    print(line, end="", file=sys.stderr, flush=True)
+                    last_draw = time.perf_counter()
+                if step % cfg.eval_every == 0:
+                    print(file=sys.stderr)
+            elif step % cfg.eval_every == 0 or step == cfg.steps:
+                log(line.strip())
+    if progress and tty:
+        print(file=sys.stderr)
+    drafter.eval()
+    return drafter

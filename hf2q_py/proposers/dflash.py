@@ -1,0 +1,86 @@
+"""DFlash block drafting: one drafter forward proposes a whole block, from
+hidden states the target captured in its own prefill, decode and verify
+forwards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import mlx.core as mx
+
+from ..dflash.model import Drafter, TargetHead, check_against_target, load_drafter
+from ..errors import Hf2qError
+from ..target import Target
+from .base import Proposer
+
+
+def resolve_drafter(drafter: Any, target: Target) -> Drafter:
+    """A ``Drafter`` from an object or a folder path, checked against ``target``."""
+    if drafter is None:
+        raise Hf2qError("method 'dflash' needs a drafter (drafter=... / --drafter PATH)")
+    if not isinstance(drafter, Drafter):
+        if not isinstance(drafter, (str, Path)):
+            raise Hf2qError(f"drafter must be a Drafter or a folder path, got {type(drafter).__name__}")
+        drafter = load_drafter(drafter, dtype=_compute_dtype(target))
+    check_against_target(drafter.config, target)
+    return drafter
+
+
+def _compute_dtype(target: Target) -> mx.Dtype:
+    w = target.embed_tokens.weight
+    if w.dtype in (mx.float32, mx.float16, mx.bfloat16):
+        return w.dtype
+    return target.embed_tokens.scales.dtype  # quantized embedding
+
+
+class DFlashProposer(Proposer):
+    """Drafts up to ``block_size - 1`` tokens per round with a block drafter.
+
+    Context bookkeeping: the target's captured states for committed tokens
+    wait in ``pending`` until the next draft, which moves them into the
+    drafter's cache. Only verified positions (accepted drafts + the token fed
+    before them) are ever added, so the drafter's cache needs no trimming.
+    """
+
+    name = "dflash"
+
+    def __init__(self, target: Target, drafter: Drafter):
+        self.drafter = drafter
+        self.cfg = drafter.config
+        self.head = TargetHead(target)
+        self.capture_layers = self.cfg.target_layer_ids
+        self.cache = drafter.make_cache()
+        self.pending: list[mx.array] = []
+
+    def _add(self, hidden: dict[int, mx.array], rows: int | None = None) -> None:
+        if not hidden:
+            return
+        feats = mx.concatenate([hidden[i] for i in self.capture_layers], axis=-1)
+        self.pending.append(feats if rows is None else feats[:, :rows])
+
+    def start(self, runtime, prompt: Sequence[int], hidden: dict[int, mx.array]) -> None:
+        self.cache = self.drafter.make_cache()
+        self.pending = []
+        self._add(hidden)
+
+    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+        n = min(k, self.cfg.block_size - 1)
+        feats = None
+        if self.pending:
+            feats = mx.concatenate(self.pending, axis=1) if len(self.pending) > 1 else self.pending[0]
+            self.pending = []
+        block = mx.array([[tokens[-1]] + [self.cfg.mask_token_id] * (self.cfg.block_size - 1)], dtype=mx.uint32)
+        h = self.drafter(self.head.embed(block), feats, cache=self.cache)
+        logits = self.head.logits(h[0, 1 : n + 1])
+        steps, dists = [], []
+        for i in range(n):
+            y, q = self.decider.draft_token(logits[i], tokens, i)
+            steps.append(y)
+            dists.append(q)
+        drafts = mx.stack(steps).tolist()
+        self.draft_probs = mx.stack(dists) if dists[0] is not None else None
+        return drafts
+
+    def update(self, tokens, drafted: int, accepted: int, hidden: dict[int, mx.array]) -> None:
+        self._add(hidden, accepted + 1)

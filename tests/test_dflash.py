@@ -1,0 +1,252 @@
+"""DFlash block drafting: published-format drafters load and run, drafting is
+lossless, context bookkeeping is exact, and training works and resumes."""
+
+import dataclasses
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from helpers import assert_same_greedy, reference_greedy
+from models import random_prompt, tiny_target
+
+import hf2q_py
+from hf2q_py.cli import main
+from hf2q_py.dflash.model import TargetHead, check_against_target, drafter_for, load_drafter, save_drafter
+from hf2q_py.dflash.train import TrainConfig, accepted_lengths, block_batch, Sequence_, target_features, train
+from hf2q_py.errors import Hf2qError, ModelLoadError
+from hf2q_py.proposers.dflash import DFlashProposer
+
+
+def published_folder(tmp_path, target, *, layers=2, block_size=8, layer_ids=(0, 2), sliding=False, seed=3):
+    """A checkpoint written by hand in z-lab's layout: Qwen3 fields, top-level
+    block_size and num_target_layers, dflash_config with mask and layer ids."""
+    H, heads, kv, hd, inter = target.hidden_size, 4, 2, 16, 96
+    cfg = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": H,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": hd,
+        "intermediate_size": inter,
+        "vocab_size": target.vocab_size,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000,
+        "max_position_embeddings": 40960,
+        "block_size": block_size,
+        "num_target_layers": target.num_layers,
+        "dflash_config": {"mask_token_id": target.vocab_size - 1, "target_layer_ids": list(layer_ids)},
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
+    if sliding:
+        cfg["layer_types"] = ["sliding_attention"] + ["full_attention"] * (layers - 1)
+        cfg["sliding_window"] = 8
+    rng = np.random.default_rng(seed)
+
+    def w(*shape):
+        return mx.array(rng.normal(0, 0.5 / shape[-1] ** 0.5, shape).astype(np.float32)).astype(mx.bfloat16)
+
+    weights = {"fc.weight": w(H, len(layer_ids) * H), "hidden_norm.weight": mx.ones((H,)), "norm.weight": mx.ones((H,))}
+    for i in range(layers):
+        p = f"layers.{i}."
+        weights.update({
+            p + "self_attn.q_proj.weight": w(heads * hd, H), p + "self_attn.k_proj.weight": w(kv * hd, H),
+            p + "self_attn.v_proj.weight": w(kv * hd, H), p + "self_attn.o_proj.weight": w(H, heads * hd),
+            p + "self_attn.q_norm.weight": mx.ones((hd,)), p + "self_attn.k_norm.weight": mx.ones((hd,)),
+            p + "mlp.gate_proj.weight": w(inter, H), p + "mlp.up_proj.weight": w(inter, H),
+            p + "mlp.down_proj.weight": w(H, inter),
+            p + "input_layernorm.weight": mx.ones((H,)), p + "post_attention_layernorm.weight": mx.ones((H,)),
+        })
+    folder = tmp_path / "drafter"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    return folder
+
+
+def test_a_published_format_checkpoint_loads_and_runs(tmp_path):
+    target = tiny_target("llama")
+    folder = published_folder(tmp_path, target)
+    drafter = load_drafter(folder)
+    assert drafter.config.block_size == 8 and drafter.config.target_layer_ids == (0, 2)
+    prompt = random_prompt(12)
+    r = hf2q_py.generate(target, prompt, max_tokens=30, method="dflash", drafter=str(folder), adaptive=False, k=7)
+    assert r.tokens == reference_greedy(target.model, prompt, 30)
+    assert r.stats.drafted > 0 and r.stats.method == "dflash"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma4_text"])
+@pytest.mark.parametrize("shape", [dict(layers=1, block_size=2), dict(layers=2, block_size=5, sliding=True),
+                                   dict(layers=1, block_size=16)])
+def test_random_drafters_are_lossless(tmp_path, arch, shape):
+    """gemma4_text's sliding window is 16: prompt + answer run far past it."""
+    target = tiny_target(arch, scale=1.5)
+    folder = published_folder(tmp_path, target, layer_ids=(1, 3), **shape)
+    prompt = random_prompt(20, seed=5)
+    for k in sorted({1, shape["block_size"] - 1, 8}):
+        r = hf2q_py.generate(target, prompt, max_tokens=40, method="dflash", drafter=str(folder), adaptive=False, k=k)
+        assert_same_greedy(target.model, prompt, r.tokens, reference_greedy(target.model, prompt, 40))
+
+
+class OracleDFlash(DFlashProposer):
+    """Runs the real drafter (so its bookkeeping runs) but proposes the
+    target's own continuation for the first ``good`` drafts of each block."""
+
+    def __init__(self, target, drafter, truth, good):
+        super().__init__(target, drafter)
+        self.truth, self.good, self.checks = truth, good, 0
+
+    def propose(self, tokens, k):
+        self.check(tokens)
+        drafts = super().propose(tokens, k)
+        n = len(tokens)
+        right = self.truth[n : n + self.good]
+        return (right + drafts[len(right) :])[: len(drafts)]
+
+    def check(self, tokens):
+        """The drafter has seen every committed position but the last."""
+        pending = sum(p.shape[1] for p in self.pending)
+        assert self.cache.offset + pending == len(tokens) - 1
+        self.checks += 1
+
+
+@pytest.mark.parametrize("good", [0, 2, 7])
+def test_context_bookkeeping_is_exact_whatever_is_accepted(good):
+    from hf2q_py.draft_length import FixedK
+    from hf2q_py.engine import generate_tokens
+
+    target = tiny_target("gemma4_text", scale=1.5)
+    drafter = drafter_for(target, layers=1, block_size=8, target_layer_ids=[1, 4])
+    prompt = random_prompt(10)
+    want = reference_greedy(target.model, prompt, 50)
+    proposer = OracleDFlash(target, drafter, prompt + want, good)
+    got = [t for new in generate_tokens(target, prompt, max_tokens=50, proposer=proposer, policy=FixedK(7)) for t in new]
+    assert got == want and proposer.checks > 5
+
+
+def test_eos_and_budget_inside_a_block():
+    from hf2q_py.draft_length import FixedK
+    from hf2q_py.engine import generate_tokens
+
+    target = tiny_target("llama", scale=1.5)
+    drafter = drafter_for(target, layers=1, block_size=8, target_layer_ids=[0, 2])
+    prompt = random_prompt(10)
+    want = reference_greedy(target.model, prompt, 40)
+    for budget in (1, 3, 13):
+        p = OracleDFlash(target, drafter, prompt + want, 7)
+        got = [t for new in generate_tokens(target, prompt, max_tokens=budget, proposer=p, policy=FixedK(7)) for t in new]
+        assert got == want[:budget]
+    eos = want[9]
+    p = OracleDFlash(target, drafter, prompt + want, 7)
+    got = [t for new in generate_tokens(target, prompt, max_tokens=40, proposer=p, policy=FixedK(7), eos_token_ids=[eos])
+           for t in new]
+    assert got == want[: want.index(eos)]
+
+
+def test_training_sees_exactly_what_inference_sees():
+    """The training forward (all anchors at once, masked context) gives the
+    same block logits as the cached inference forward at that point."""
+    target = tiny_target("llama", scale=1.5)
+    drafter = drafter_for(target, layers=2, block_size=6, target_layer_ids=[0, 3])
+    tokens = random_prompt(30)
+    feats = target_features(target, tokens, drafter.config.target_layer_ids)
+    seq = Sequence_(mx.array(tokens, dtype=mx.int32), feats, 0)
+    head = TargetHead(target)
+    anchors = mx.array([5, 17, 26], dtype=mx.int32)
+    block, _, _, visible = block_batch(seq, anchors, drafter.config)
+    trained = drafter(head.embed(block), feats.astype(mx.float32), block_pos=anchors, ctx_visible=visible)
+    for row, a in enumerate(anchors.tolist()):
+        cache = drafter.make_cache()
+        drafter(head.embed(block[row : row + 1]), feats[:, : a - 2].astype(mx.float32), cache=cache)  # earlier round
+        live = drafter(head.embed(block[row : row + 1]), feats[:, a - 2 : a].astype(mx.float32), cache=cache)
+        assert mx.allclose(trained[row], live[0], atol=1e-4).item()
+
+
+def test_training_lowers_the_loss_and_resumes(tmp_path):
+    target = tiny_target("llama", scale=3.0)
+    rows = []
+    for i in range(10):
+        p = random_prompt(8, seed=i)
+        rows.append({"prompt_tokens": len(p), "tokens": p + hf2q_py.generate(target, p, max_tokens=40).tokens})
+    cfg = TrainConfig(out=str(tmp_path / "d"), steps=40, eval_every=20, checkpoint_every=20, holdout=2,
+                      block_size=4, lr=3e-3, samples=10, target_layer_ids=[1, 2])
+    train(target, cfg, rows, progress=False)
+    state = json.loads((tmp_path / "d" / "train-state" / "trainer.json").read_text())
+    assert state["step"] == 40 and len(state["history"]) == 2
+    cfg.steps = 60
+    drafter = train(target, cfg, rows, progress=False)  # resumes at step 40
+    state = json.loads((tmp_path / "d" / "train-state" / "trainer.json").read_text())
+    assert state["step"] == 60 and [h["step"] for h in state["history"]] == [20, 40, 60]
+    assert state["history"][-1]["loss"] < state["history"][0]["loss"]
+    # the written folder is a loadable drafter in the published layout
+    cfg_json = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert cfg_json["dflash_config"]["target_layer_ids"] == [1, 2] and cfg_json["block_size"] == 4
+    r = hf2q_py.generate(target, rows[0]["tokens"][:8], max_tokens=20, method="dflash", drafter=str(tmp_path / "d"))
+    assert r.tokens == rows[0]["tokens"][8:28]
+    assert drafter.config.block_size == 4
+
+
+def test_held_out_acceptance_counts_leading_matches():
+    target = tiny_target("llama")
+    drafter = drafter_for(target, layers=1, block_size=4, target_layer_ids=[0, 1])
+    tokens = random_prompt(20)
+    seq = Sequence_(mx.array(tokens, dtype=mx.int32), target_features(target, tokens, [0, 1]), 0)
+    lengths = accepted_lengths(drafter, TargetHead(target), seq, mx.array([3, 10, 18], dtype=mx.int32))
+    assert lengths.shape == (3,) and all(1 <= x <= 4 for x in lengths.tolist())
+    assert lengths[2].item() <= 2  # only one label left after anchor 18 of 20
+
+
+def test_save_and_load_round_trip(tmp_path):
+    target = tiny_target("qwen2")
+    drafter = drafter_for(target, layers=2, block_size=8, target_layer_ids=[1, 2, 3])
+    save_drafter(drafter, tmp_path / "d")
+    again = load_drafter(tmp_path / "d")
+    x = mx.random.normal((1, 8, target.hidden_size))
+    f = mx.random.normal((1, 5, 3 * target.hidden_size))
+    a = drafter(x, f, cache=drafter.make_cache())
+    b = again(x, f, cache=again.make_cache())
+    assert mx.allclose(a, b).item()
+
+
+def test_drafters_made_for_another_target_are_refused(tmp_path):
+    target = tiny_target("llama")
+    folder = published_folder(tmp_path, target, layer_ids=(0, 9))
+    with pytest.raises(Hf2qError, match="out of range"):
+        hf2q_py.generate(target, [1, 2, 3], max_tokens=4, method="dflash", drafter=str(folder))
+    good = load_drafter(published_folder(tmp_path / "b", target)).config
+    for change, message in [(dict(hidden_size=32), "hidden size"), (dict(vocab_size=64), "vocabulary"),
+                            (dict(num_target_layers=12), "12-layer target"), (dict(mask_token_id=500), "mask_token_id")]:
+        with pytest.raises(Hf2qError, match=message):
+            check_against_target(dataclasses.replace(good, **change), target)
+
+
+def test_malformed_drafter_folders_are_refused(tmp_path):
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_drafter(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 1}))
+    with pytest.raises(Hf2qError, match="lacks.*dflash_config.mask_token_id"):
+        load_drafter(tmp_path)
+    target = tiny_target("llama")
+    folder = published_folder(tmp_path, target)
+    weights = mx.load(str(folder / "model.safetensors"))
+    weights.pop("fc.weight")
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    with pytest.raises(ModelLoadError, match="do not match"):
+        load_drafter(folder)
+
+
+def test_dflash_needs_a_drafter(capsys):
+    with pytest.raises(Hf2qError, match="needs a drafter"):
+        hf2q_py.generate(tiny_target("llama"), [1, 2, 3], max_tokens=4, method="dflash")
+    assert main(["generate", "--method", "dflash", "--prompt", "hi"]) == 2
+    assert "needs a drafter" in capsys.readouterr().err
+
+
+def test_train_dflash_cli_rejects_bad_options(capsys, tmp_path):
+    assert main(["train-dflash", "--out", str(tmp_path), "--target-layers", "1,x"]) == 2
+    assert "--target-layers" in capsys.readouterr().err
+    assert main(["train-dflash", "--out", str(tmp_path), "--block-size", "1"]) == 2
+    assert "block-size" in capsys.readouterr().err
