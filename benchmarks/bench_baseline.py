@@ -12,7 +12,6 @@ import time
 
 import hf2q_py  # first: loads OpenBLAS before mlx.core
 
-import mlx.core as mx
 from mlx_lm import stream_generate as mlx_stream_generate
 from mlx_lm.sample_utils import make_sampler
 

@@ -150,17 +150,20 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--prompts", default=None, help="prompt file (JSONL or one per line); default: built-in code-editing set")
     t.add_argument("--samples", type=_positive_int, default=240, help="prompts the target answers for training data")
     t.add_argument("--max-new-tokens", type=_positive_int, default=256, help="length of each answer")
-    t.add_argument("--layers", type=_positive_int, default=1, help="drafter decoder layers")
-    t.add_argument("--block-size", type=int, default=16)
+    t.add_argument("--layers", type=_positive_int, default=2, help="drafter decoder layers")
+    t.add_argument("--block-size", type=int, default=8, help="tokens per block (last token + masks); drafts per round = block-size - 1")
     t.add_argument("--target-layers", default=None, help="target layer ids to condition on, e.g. 1,14,27 (default: 3 spread)")
     t.add_argument("--mask-token-id", type=int, default=None, help="token id used as the mask (default: the last id)")
     t.add_argument("--steps", type=_positive_int, default=3000)
     t.add_argument("--anchors", type=_positive_int, default=16, help="blocks per step")
-    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--lr", type=float, default=2e-3)
+    t.add_argument("--ce-positions", type=int, default=3, help="block positions trained with cross-entropy through the head (-1: all)")
+    t.add_argument("--hidden-weight", type=float, default=1.0, help="weight of the final-state regression on every block position")
     t.add_argument("--holdout", type=int, default=16, help="sequences kept out of training for the acceptance estimate")
     t.add_argument("--eval-every", type=_positive_int, default=250)
     t.add_argument("--checkpoint-every", type=_positive_int, default=250)
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--max-minutes", type=float, default=None, help="stop training after this long, with a checkpoint")
     t.add_argument("--no-openblas", action="store_true", help=argparse.SUPPRESS)
     return parser
 
@@ -180,7 +183,8 @@ def cmd_train_dflash(args: argparse.Namespace) -> int:
         out=args.out, layers=args.layers, block_size=args.block_size, target_layer_ids=layer_ids,
         mask_token_id=args.mask_token_id, samples=args.samples, max_new_tokens=args.max_new_tokens,
         steps=args.steps, anchors=args.anchors, lr=args.lr, holdout=args.holdout, eval_every=args.eval_every,
-        checkpoint_every=args.checkpoint_every, seed=args.seed,
+        ce_positions=None if args.ce_positions < 0 else args.ce_positions, hidden_weight=args.hidden_weight,
+        checkpoint_every=args.checkpoint_every, seed=args.seed, max_minutes=args.max_minutes,
     )
     cfg.validate()
     prompts = read_prompts(args.prompts) if args.prompts else default_prompts(args.samples, seed=args.seed)

@@ -250,3 +250,26 @@ def test_train_dflash_cli_rejects_bad_options(capsys, tmp_path):
     assert "--target-layers" in capsys.readouterr().err
     assert main(["train-dflash", "--out", str(tmp_path), "--block-size", "1"]) == 2
     assert "block-size" in capsys.readouterr().err
+
+
+def test_training_options_are_checked():
+    with pytest.raises(Hf2qError, match="ce-positions"):
+        TrainConfig(out="x", ce_positions=-1).validate()
+    with pytest.raises(Hf2qError, match="nothing would be trained"):
+        TrainConfig(out="x", ce_positions=0, hidden_weight=0.0).validate()
+    with pytest.raises(Hf2qError, match="holdout"):
+        TrainConfig(out="x", samples=4, holdout=4).validate()
+
+
+def test_a_time_budget_stops_training_with_a_checkpoint(tmp_path):
+    target = tiny_target("llama", scale=3.0)
+    rows = []
+    for i in range(6):
+        p = random_prompt(8, seed=i)
+        rows.append({"prompt_tokens": len(p), "tokens": p + hf2q_py.generate(target, p, max_tokens=20).tokens})
+    cfg = TrainConfig(out=str(tmp_path / "d"), steps=10_000, eval_every=1000, checkpoint_every=1000, holdout=1,
+                      block_size=4, samples=6, target_layer_ids=[1, 2], max_minutes=0.0)
+    train(target, cfg, rows, progress=False)
+    state = json.loads((tmp_path / "d" / "train-state" / "trainer.json").read_text())
+    assert state["step"] == 1 and state["history"][-1]["step"] == 1
+    assert load_drafter(tmp_path / "d").config.block_size == 4

@@ -416,4 +416,8 @@ def drafter_for(target: Any, *, layers: int = 1, target_layer_ids: Sequence[int]
     mx.random.seed(seed)
     drafter = Drafter(cfg)
     check_against_target(cfg, target)
+    norm = getattr(target._decoder, "norm", None)
+    if type(norm) is nn.RMSNorm and norm.weight.shape == drafter.norm.weight.shape:
+        # start in the target's final-state space, so the borrowed head sees familiar scales
+        drafter.norm.weight = mx.array(norm.weight).astype(drafter.norm.weight.dtype)
     return drafter

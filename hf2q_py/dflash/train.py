@@ -2,13 +2,20 @@
 
 1. Data: the target answers a prompt set greedily (``data.self_distill``).
 2. Features: one target forward per sequence captures the hidden states at
-   the drafter's ``target_layer_ids`` (kept in memory as float16).
+   the drafter's ``target_layer_ids`` (kept in memory as float16) and the
+   target's greedy choice at every position: where the prompt's own text
+   agrees with it, blocks anchored in the prompt train too (a quarter of
+   the blocks by default), which multiplies the data a few answers give.
 3. Steps: each step takes one sequence and ``anchors`` random anchor
    positions in its answer. A block is ``[token at anchor] + masks``; it sees
    the context features before the anchor and predicts the next
-   ``block_size - 1`` tokens. Cross-entropy is weighted by
-   ``exp(-(i - 1) / gamma)`` for block position i, as in the DFlash paper,
-   since early positions decide most of the accepted length.
+   ``block_size - 1`` tokens. Losses are weighted by ``exp(-(i - 1) / gamma)``
+   for block position i, as in the DFlash paper, since early positions
+   decide most of the accepted length: cross-entropy through the target's
+   head on the first ``ce_positions`` positions, and on every position a
+   regression onto the target's own final states (EAGLE's feature loss),
+   which costs no vocabulary-sized matmul: on a 2-core CPU the head is 80%
+   of a step.
 4. AdamW with warmup and cosine decay; every ``eval_every`` steps a held-out
    estimate of the mean accepted length (greedy drafts against the target's
    own greedy answer); checkpoints every ``checkpoint_every`` steps, written
@@ -18,7 +25,6 @@
 from __future__ import annotations
 
 import json
-import math
 import random
 import sys
 import time
@@ -42,22 +48,26 @@ class TrainConfig:
     """Options of ``hf2q-py train-dflash`` (defaults: the built-in model's run)."""
 
     out: str
-    layers: int = 1
-    block_size: int = 16
+    layers: int = 2
+    block_size: int = 8
     target_layer_ids: Sequence[int] | None = None
     mask_token_id: int | None = None
     samples: int = 240
     max_new_tokens: int = 256
     steps: int = 3000
     anchors: int = 16
-    lr: float = 1e-3
+    lr: float = 2e-3
     weight_decay: float = 0.01
     warmup: int = 100
     gamma: float = 7.0
+    ce_positions: int | None = 3  # block positions with cross-entropy (None: all)
+    hidden_weight: float = 1.0  # weight of the final-state regression on every position
+    prompt_anchors: float = 0.25  # share of blocks anchored anywhere (prompt text the target agrees with)
     holdout: int = 16
     eval_every: int = 250
     checkpoint_every: int = 250
     seed: int = 0
+    max_minutes: float | None = None  # stop (with a checkpoint) after this much training time
 
     def validate(self) -> None:
         for name in ("layers", "samples", "max_new_tokens", "steps", "anchors", "eval_every", "checkpoint_every"):
@@ -67,24 +77,44 @@ class TrainConfig:
             raise Hf2qError(f"block-size must be >= 2, got {self.block_size}")
         if not 0 <= self.holdout < self.samples:
             raise Hf2qError(f"holdout must be in [0, samples), got {self.holdout}")
+        if self.ce_positions is not None and self.ce_positions < 0:
+            raise Hf2qError(f"ce-positions must be >= 0, got {self.ce_positions}")
+        if self.hidden_weight < 0:
+            raise Hf2qError(f"hidden-weight must be >= 0, got {self.hidden_weight}")
+        if self.ce_positions == 0 and not self.hidden_weight:
+            raise Hf2qError("with ce-positions 0 the hidden-weight must be > 0: nothing would be trained")
         if not self.lr > 0:
             raise Hf2qError(f"lr must be > 0, got {self.lr}")
 
 
 @dataclass
 class Sequence_:
+    """One training sequence. ``agrees[j]``: token j is the target's own
+    greedy choice after tokens[:j] (always so in a greedy answer; where the
+    prompt's text agrees with the target too, its blocks train as well)."""
+
     tokens: mx.array  # (S,)
     features: mx.array  # (1, S, n_layers * H), float16
-    first_anchor: int  # the last prompt token: blocks start at or after it
+    first_anchor: int  # the last prompt token: the answer's blocks start here
+    agrees: mx.array | None = None  # (S,) bool
+    finals: mx.array | None = None  # (1, S, H) float16: the target's final-norm states
 
 
 def target_features(target, tokens: list[int], layer_ids: Sequence[int]) -> mx.array:
     """Hidden states at ``layer_ids`` for every position, concatenated."""
+    return target_pass(target, tokens, layer_ids)[0]
+
+
+def target_pass(target, tokens: list[int], layer_ids: Sequence[int]) -> tuple[mx.array, mx.array, mx.array]:
+    """(features, agrees, final states) of one sequence, from one target forward."""
     rt = target.runtime()
-    fwd = rt.prefill(tokens, logits="none", capture_layers=tuple(layer_ids))
+    fwd = rt.prefill(tokens, logits="all", capture_layers=tuple(layer_ids), capture_final=True)
     feats = mx.concatenate([fwd.hidden[i] for i in layer_ids], axis=-1).astype(mx.float16)
-    mx.eval(feats)
-    return feats
+    greedy = mx.argmax(fwd.logits, axis=-1)  # the target's choice after each prefix
+    agrees = mx.concatenate([mx.array([False]), greedy[:-1] == mx.array(tokens[1:])])
+    finals = fwd.final.astype(mx.float16)
+    mx.eval(feats, agrees, finals)
+    return feats, agrees, finals
 
 
 def block_batch(seq: Sequence_, anchors: mx.array, cfg: DrafterConfig) -> tuple[mx.array, mx.array, mx.array, mx.array]:
@@ -94,19 +124,43 @@ def block_batch(seq: Sequence_, anchors: mx.array, cfg: DrafterConfig) -> tuple[
     idx = anchors[:, None] + offsets[None]
     valid = idx < S
     labels = seq.tokens[mx.minimum(idx, S - 1)]
+    if seq.agrees is not None:  # a label counts while the target's greedy chain follows the text
+        valid = valid & (mx.cumprod(seq.agrees[mx.minimum(idx, S - 1)].astype(mx.int32), axis=1) > 0)
     mask = mx.full((anchors.shape[0], B - 1), cfg.mask_token_id, dtype=seq.tokens.dtype)
     block = mx.concatenate([seq.tokens[anchors][:, None], mask], axis=1)
     visible = (mx.arange(S)[None] < anchors[:, None])[:, None, None, :]
     return block, labels, valid, visible
 
 
-def block_loss(drafter: Drafter, head: TargetHead, seq: Sequence_, anchors: mx.array, weights: mx.array) -> mx.array:
+def block_loss(
+    drafter: Drafter,
+    head: TargetHead,
+    seq: Sequence_,
+    anchors: mx.array,
+    weights: mx.array,
+    ce_positions: int | None = None,
+    hidden_weight: float = 0.0,
+) -> mx.array:
+    """Position-weighted cross-entropy on the first ``ce_positions`` block
+    positions (all when None), plus ``hidden_weight`` x the relative squared
+    error between the drafter's states and the target's own final states for
+    the same predictions (EAGLE's feature regression: it trains every
+    position without paying for the vocabulary-sized head)."""
     block, labels, valid, visible = block_batch(seq, anchors, drafter.config)
-    h = drafter(head.embed(block), seq.features.astype(mx.float32), block_pos=anchors, ctx_visible=visible)
-    logits = head.logits(h[:, 1:])
-    ce = nn.losses.cross_entropy(logits, labels)
+    h = drafter(head.embed(block), seq.features.astype(mx.float32), block_pos=anchors, ctx_visible=visible)[:, 1:]
     w = weights[None] * valid
-    return (ce * w).sum() / w.sum()
+    P = h.shape[1] if ce_positions is None else min(ce_positions, h.shape[1])
+    loss = mx.array(0.0)
+    if P > 0:
+        ce = nn.losses.cross_entropy(head.logits(h[:, :P]), labels[:, :P])
+        loss = (ce * w[:, :P]).sum() / mx.maximum(w[:, :P].sum(), 1e-6)
+    if hidden_weight and seq.finals is not None:
+        S = seq.tokens.shape[0]
+        idx = mx.minimum(anchors[:, None] + mx.arange(h.shape[1])[None], S - 1)  # state predicting token idx+1
+        want = seq.finals[0][idx].astype(mx.float32)
+        err = ((h - want) ** 2).mean(axis=-1) / mx.maximum((want**2).mean(axis=-1), 1e-6)
+        loss = loss + hidden_weight * (err * w).sum() / mx.maximum(w.sum(), 1e-6)
+    return loss
 
 
 def accepted_lengths(drafter: Drafter, head: TargetHead, seq: Sequence_, anchors: mx.array) -> mx.array:
@@ -118,8 +172,8 @@ def accepted_lengths(drafter: Drafter, head: TargetHead, seq: Sequence_, anchors
     return 1 + mx.cumprod(hits.astype(mx.int32), axis=1).sum(axis=1)
 
 
-def _anchors(rng: random.Random, seq: Sequence_, n: int) -> mx.array | None:
-    lo, hi = seq.first_anchor, seq.tokens.shape[0] - 2
+def _anchors(rng: random.Random, seq: Sequence_, n: int, start: int | None = None) -> mx.array | None:
+    lo, hi = (seq.first_anchor if start is None else start), seq.tokens.shape[0] - 2
     if hi < lo:
         return None
     span = range(lo, hi + 1)
@@ -170,8 +224,9 @@ def train(target, cfg: TrainConfig, rows: Sequence[dict], *, log: Callable[[str]
         toks = r["tokens"]
         if len(toks) - r["prompt_tokens"] < 2:
             continue
-        seqs.append(Sequence_(mx.array(toks, dtype=mx.int32), target_features(target, toks, dcfg.target_layer_ids),
-                              r["prompt_tokens"] - 1))
+        feats, agrees, finals = target_pass(target, toks, dcfg.target_layer_ids)
+        seqs.append(Sequence_(mx.array(toks, dtype=mx.int32), feats, r["prompt_tokens"] - 1, agrees,
+                              finals if cfg.hidden_weight else None))
     if len(seqs) <= cfg.holdout:
         raise Hf2qError(f"only {len(seqs)} usable sequences; need more than holdout={cfg.holdout}")
     held, train_seqs = seqs[: cfg.holdout], seqs[cfg.holdout :]
@@ -187,7 +242,9 @@ def train(target, cfg: TrainConfig, rows: Sequence[dict], *, log: Callable[[str]
         opt.init(drafter.trainable_parameters())
         opt.state = tree_unflatten(list(mx.load(str(state_dir / "optimizer.safetensors")).items()))
     weights = mx.exp(-mx.arange(cfg.block_size - 1, dtype=mx.float32) / cfg.gamma)
-    loss_and_grad = nn.value_and_grad(drafter, lambda m, s, a: block_loss(m, head, s, a, weights))
+    loss_and_grad = nn.value_and_grad(
+        drafter, lambda m, s, a: block_loss(m, head, s, a, weights, cfg.ce_positions, cfg.hidden_weight)
+    )
     drafter.train()
 
     def evaluate() -> float:
@@ -212,7 +269,12 @@ def train(target, cfg: TrainConfig, rows: Sequence[dict], *, log: Callable[[str]
     tty, last_draw = sys.stderr.isatty(), 0.0
     for step in range(state["step"] + 1, cfg.steps + 1):
         seq = rng.choice(train_seqs)
-        a = _anchors(rng, seq, cfg.anchors)
+        n_prompt = int(cfg.anchors * cfg.prompt_anchors)
+        parts = [x for x in (_anchors(rng, seq, cfg.anchors - n_prompt), _anchors(rng, seq, n_prompt, start=1))
+                 if x is not None and x.size]
+        if not parts:
+            continue
+        a = mx.concatenate(parts)
         loss, grads = loss_and_grad(drafter, seq, a)
         opt.update(drafter, grads)
         mx.eval(drafter.parameters(), opt.state, loss)
@@ -223,7 +285,14 @@ def train(target, cfg: TrainConfig, rows: Sequence[dict], *, log: Callable[[str]
             drafter.train()
             state["history"].append({"step": step, "loss": round(smooth, 4), "held_out_mal": round(mal, 3),
                                      "seconds": round(time.perf_counter() - t0, 1)})
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+        out_of_time = cfg.max_minutes is not None and time.perf_counter() - t0 > cfg.max_minutes * 60
+        if out_of_time and step % cfg.eval_every != 0:
+            drafter.eval()
+            mal = evaluate()
+            drafter.train()
+            state["history"].append({"step": step, "loss": round(smooth, 4), "held_out_mal": round(mal, 3),
+                                     "seconds": round(time.perf_counter() - t0, 1)})
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps or out_of_time:
             checkpoint(step, mal)
         if progress:
             sec = (time.perf_counter() - t0) / (step - step0)
@@ -234,8 +303,11 @@ def train(target, cfg: TrainConfig, rows: Sequence[dict], *, log: Callable[[str]
                     last_draw = time.perf_counter()
                 if step % cfg.eval_every == 0:
                     print(file=sys.stderr)
-            elif step % cfg.eval_every == 0 or step == cfg.steps:
+            elif step % cfg.eval_every == 0 or step == cfg.steps or out_of_time:
                 log(line.strip())
+        if out_of_time:
+            log(f"stopped after {cfg.max_minutes:g} minutes at step {step} (resume with the same command)")
+            break
     if progress and tty:
         print(file=sys.stderr)
     drafter.eval()
