@@ -3,10 +3,11 @@ drafts a whole block per forward.
 
     python examples/dflash.py [DRAFTER_FOLDER]
 
-Without an argument it uses the drafter trained here for the built-in model
-(drafters/smollm2-135m-dflash, made with `hf2q-py train-dflash`). Any folder
-in the published DFlash format (config.json + safetensors) made for the
-loaded target works the same way.
+Without an argument it uses drafters/smollm2-135m-dflash, the folder that
+`hf2q-py train-dflash --out drafters/smollm2-135m-dflash` writes for the
+built-in model (see the README for the exact command). Any folder in the
+published DFlash format (config.json + safetensors) made for the loaded
+target works the same way.
 """
 
 import sys
