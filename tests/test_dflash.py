@@ -165,12 +165,18 @@ def test_training_sees_exactly_what_inference_sees():
         assert mx.allclose(trained[row], live[0], atol=1e-4).item()
 
 
+def self_distilled(target, n, answer_tokens):
+    """Training rows as ``data.self_distill`` writes them: random prompts + greedy answers."""
+    rows = []
+    for i in range(n):
+        p = random_prompt(8, seed=i)
+        rows.append({"prompt_tokens": len(p), "tokens": p + hf2q_py.generate(target, p, max_tokens=answer_tokens).tokens})
+    return rows
+
+
 def test_training_lowers_the_loss_and_resumes(tmp_path):
     target = tiny_target("llama", scale=3.0)
-    rows = []
-    for i in range(10):
-        p = random_prompt(8, seed=i)
-        rows.append({"prompt_tokens": len(p), "tokens": p + hf2q_py.generate(target, p, max_tokens=40).tokens})
+    rows = self_distilled(target, 10, 40)
     cfg = TrainConfig(out=str(tmp_path / "d"), steps=40, eval_every=20, checkpoint_every=20, holdout=2,
                       block_size=4, lr=3e-3, samples=10, target_layer_ids=[1, 2])
     train(target, cfg, rows, progress=False)
@@ -259,14 +265,13 @@ def test_training_options_are_checked():
         TrainConfig(out="x", ce_positions=0, hidden_weight=0.0).validate()
     with pytest.raises(Hf2qError, match="holdout"):
         TrainConfig(out="x", samples=4, holdout=4).validate()
+    with pytest.raises(Hf2qError, match="max-minutes"):
+        TrainConfig(out="x", max_minutes=-1).validate()
 
 
 def test_a_time_budget_stops_training_with_a_checkpoint(tmp_path):
     target = tiny_target("llama", scale=3.0)
-    rows = []
-    for i in range(6):
-        p = random_prompt(8, seed=i)
-        rows.append({"prompt_tokens": len(p), "tokens": p + hf2q_py.generate(target, p, max_tokens=20).tokens})
+    rows = self_distilled(target, 6, 20)
     cfg = TrainConfig(out=str(tmp_path / "d"), steps=10_000, eval_every=1000, checkpoint_every=1000, holdout=1,
                       block_size=4, samples=6, target_layer_ids=[1, 2], max_minutes=0.0)
     train(target, cfg, rows, progress=False)

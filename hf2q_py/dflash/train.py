@@ -83,6 +83,10 @@ class TrainConfig:
             raise Hf2qError(f"hidden-weight must be >= 0, got {self.hidden_weight}")
         if self.ce_positions == 0 and not self.hidden_weight:
             raise Hf2qError("with ce-positions 0 the hidden-weight must be > 0: nothing would be trained")
+        if self.max_minutes is not None and not self.max_minutes >= 0:
+            raise Hf2qError(f"max-minutes must be >= 0, got {self.max_minutes}")
+        if not 0 <= self.prompt_anchors <= 1:
+            raise Hf2qError(f"prompt-anchors must be in [0, 1], got {self.prompt_anchors}")
         if not self.lr > 0:
             raise Hf2qError(f"lr must be > 0, got {self.lr}")
 
