@@ -190,9 +190,10 @@ def cmd_train_dflash(args: argparse.Namespace) -> int:
     prompts = read_prompts(args.prompts) if args.prompts else default_prompts(args.samples, seed=args.seed)
     if len(prompts) < args.samples:
         raise Hf2qError(f"--samples {args.samples} but only {len(prompts)} prompts")
+    data = data_path(cfg)  # checks --out before the slow model load
     target = hf2q_py.load(args.target, dtype=args.dtype)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    rows = self_distill(target, prompts[: args.samples], data_path(cfg), max_new_tokens=args.max_new_tokens, log=log)
+    rows = self_distill(target, prompts[: args.samples], data, max_new_tokens=args.max_new_tokens, log=log)
     train(target, cfg, rows, log=log)
     print(f"drafter written to {args.out} (use: hf2q-py generate --method dflash --drafter {args.out})")
     return 0

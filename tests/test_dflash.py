@@ -13,7 +13,7 @@ from models import random_prompt, tiny_target
 import hf2q_py
 from hf2q_py.cli import main
 from hf2q_py.dflash.model import TargetHead, check_against_target, drafter_for, load_drafter, save_drafter
-from hf2q_py.dflash.train import TrainConfig, accepted_lengths, block_batch, Sequence_, target_features, train
+from hf2q_py.dflash.train import TrainConfig, accepted_lengths, block_batch, TrainSequence, target_features, train
 from hf2q_py.errors import Hf2qError, ModelLoadError
 from hf2q_py.proposers.dflash import DFlashProposer
 
@@ -153,7 +153,7 @@ def test_training_sees_exactly_what_inference_sees():
     drafter = drafter_for(target, layers=2, block_size=6, target_layer_ids=[0, 3])
     tokens = random_prompt(30)
     feats = target_features(target, tokens, drafter.config.target_layer_ids)
-    seq = Sequence_(mx.array(tokens, dtype=mx.int32), feats, 0)
+    seq = TrainSequence(mx.array(tokens, dtype=mx.int32), feats, 0)
     head = TargetHead(target)
     anchors = mx.array([5, 17, 26], dtype=mx.int32)
     block, _, _, visible = block_batch(seq, anchors, drafter.config)
@@ -199,7 +199,7 @@ def test_held_out_acceptance_counts_leading_matches():
     target = tiny_target("llama")
     drafter = drafter_for(target, layers=1, block_size=4, target_layer_ids=[0, 1])
     tokens = random_prompt(20)
-    seq = Sequence_(mx.array(tokens, dtype=mx.int32), target_features(target, tokens, [0, 1]), 0)
+    seq = TrainSequence(mx.array(tokens, dtype=mx.int32), target_features(target, tokens, [0, 1]), 0)
     lengths = accepted_lengths(drafter, TargetHead(target), seq, mx.array([3, 10, 18], dtype=mx.int32))
     assert lengths.shape == (3,) and all(1 <= x <= 4 for x in lengths.tolist())
     assert lengths[2].item() <= 2  # only one label left after anchor 18 of 20
@@ -256,6 +256,9 @@ def test_train_dflash_cli_rejects_bad_options(capsys, tmp_path):
     assert "--target-layers" in capsys.readouterr().err
     assert main(["train-dflash", "--out", str(tmp_path), "--block-size", "1"]) == 2
     assert "block-size" in capsys.readouterr().err
+    (tmp_path / "a-file").write_text("")
+    assert main(["train-dflash", "--out", str(tmp_path / "a-file"), "--samples", "2", "--holdout", "1"]) == 2
+    assert "cannot use" in capsys.readouterr().err
 
 
 def test_training_options_are_checked():

@@ -92,7 +92,7 @@ class TrainConfig:
 
 
 @dataclass
-class Sequence_:
+class TrainSequence:
     """One training sequence. ``agrees[j]``: token j is the target's own
     greedy choice after tokens[:j] (always so in a greedy answer; where the
     prompt's text agrees with the target too, its blocks train as well)."""
@@ -121,7 +121,7 @@ def target_pass(target, tokens: list[int], layer_ids: Sequence[int]) -> tuple[mx
     return feats, agrees, finals
 
 
-def block_batch(seq: Sequence_, anchors: mx.array, cfg: DrafterConfig) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+def block_batch(seq: TrainSequence, anchors: mx.array, cfg: DrafterConfig) -> tuple[mx.array, mx.array, mx.array, mx.array]:
     """(block tokens (N, B), labels (N, B-1), valid (N, B-1), ctx_visible (N, 1, 1, S))."""
     B, S = cfg.block_size, seq.tokens.shape[0]
     offsets = mx.arange(1, B)
@@ -139,7 +139,7 @@ def block_batch(seq: Sequence_, anchors: mx.array, cfg: DrafterConfig) -> tuple[
 def block_loss(
     drafter: Drafter,
     head: TargetHead,
-    seq: Sequence_,
+    seq: TrainSequence,
     anchors: mx.array,
     weights: mx.array,
     ce_positions: int | None = None,
@@ -167,7 +167,7 @@ def block_loss(
     return loss
 
 
-def accepted_lengths(drafter: Drafter, head: TargetHead, seq: Sequence_, anchors: mx.array) -> mx.array:
+def accepted_lengths(drafter: Drafter, head: TargetHead, seq: TrainSequence, anchors: mx.array) -> mx.array:
     """Per anchor: 1 + the number of leading greedy drafts equal to the labels
     (the target's own greedy tokens)."""
     block, labels, valid, visible = block_batch(seq, anchors, drafter.config)
@@ -176,7 +176,7 @@ def accepted_lengths(drafter: Drafter, head: TargetHead, seq: Sequence_, anchors
     return 1 + mx.cumprod(hits.astype(mx.int32), axis=1).sum(axis=1)
 
 
-def _anchors(rng: random.Random, seq: Sequence_, n: int, start: int | None = None) -> mx.array | None:
+def _anchors(rng: random.Random, seq: TrainSequence, n: int, start: int | None = None) -> mx.array | None:
     lo, hi = (seq.first_anchor if start is None else start), seq.tokens.shape[0] - 2
     if hi < lo:
         return None
@@ -193,11 +193,19 @@ def _progress(step: int, total: int, loss: float, mal: float | None, sec: float)
             f"held-out MAL {mal_s} {sec:.2f} s/step eta {eta / 60:.0f} min ")
 
 
+def state_dir(cfg: TrainConfig) -> Path:
+    """The run's working folder inside ``cfg.out`` (created; a clear error if it cannot be)."""
+    path = Path(cfg.out) / STATE_DIR
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise Hf2qError(f"cannot use {cfg.out} as the drafter folder: {e.strerror}") from None
+    return path
+
+
 def data_path(cfg: TrainConfig) -> Path:
     """Where the self-distilled sequences of a run are kept (resumable)."""
-    path = Path(cfg.out) / STATE_DIR / "data.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path
+    return state_dir(cfg) / "data.jsonl"
 
 
 def train(target, cfg: TrainConfig, rows: Sequence[dict], *, log: Callable[[str], None] | None = None,
@@ -208,12 +216,11 @@ def train(target, cfg: TrainConfig, rows: Sequence[dict], *, log: Callable[[str]
     cfg.validate()
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     out = Path(cfg.out)
-    state_dir = out / STATE_DIR
-    state_dir.mkdir(parents=True, exist_ok=True)
-    resume = (state_dir / "trainer.json").is_file()
+    work = state_dir(cfg)
+    resume = (work / "trainer.json").is_file()
     if resume:
         drafter = load_drafter(out)
-        state = json.loads((state_dir / "trainer.json").read_text())
+        state = json.loads((work / "trainer.json").read_text())
         if state["config"]["block_size"] != cfg.block_size or state["config"]["layers"] != cfg.layers:
             raise Hf2qError(f"{out} holds a run with other shapes; use another --out or the same options")
     else:
@@ -229,7 +236,7 @@ def train(target, cfg: TrainConfig, rows: Sequence[dict], *, log: Callable[[str]
         if len(toks) - r["prompt_tokens"] < 2:
             continue
         feats, agrees, finals = target_pass(target, toks, dcfg.target_layer_ids)
-        seqs.append(Sequence_(mx.array(toks, dtype=mx.int32), feats, r["prompt_tokens"] - 1, agrees,
+        seqs.append(TrainSequence(mx.array(toks, dtype=mx.int32), feats, r["prompt_tokens"] - 1, agrees,
                               finals if cfg.hidden_weight else None))
     if len(seqs) <= cfg.holdout:
         raise Hf2qError(f"only {len(seqs)} usable sequences; need more than holdout={cfg.holdout}")
@@ -242,9 +249,9 @@ def train(target, cfg: TrainConfig, rows: Sequence[dict], *, log: Callable[[str]
         [cfg.warmup],
     )
     opt = optim.AdamW(learning_rate=schedule, weight_decay=cfg.weight_decay)
-    if resume and (state_dir / "optimizer.safetensors").is_file():
+    if resume and (work / "optimizer.safetensors").is_file():
         opt.init(drafter.trainable_parameters())
-        opt.state = tree_unflatten(list(mx.load(str(state_dir / "optimizer.safetensors")).items()))
+        opt.state = tree_unflatten(list(mx.load(str(work / "optimizer.safetensors")).items()))
     weights = mx.exp(-mx.arange(cfg.block_size - 1, dtype=mx.float32) / cfg.gamma)
     loss_and_grad = nn.value_and_grad(
         drafter, lambda m, s, a: block_loss(m, head, s, a, weights, cfg.ce_positions, cfg.hidden_weight)
@@ -263,9 +270,9 @@ def train(target, cfg: TrainConfig, rows: Sequence[dict], *, log: Callable[[str]
     def checkpoint(step: int, mal: float | None) -> None:
         save_drafter(drafter, out, extra={"hf2q_training": {"step": step, "held_out_mal": mal,
                                                             "target": str(target.source)}})
-        mx.save_safetensors(str(state_dir / "optimizer.safetensors"), dict(tree_flatten(opt.state)))
+        mx.save_safetensors(str(work / "optimizer.safetensors"), dict(tree_flatten(opt.state)))
         state.update(step=step, config=asdict(cfg))
-        (state_dir / "trainer.json").write_text(json.dumps(state, indent=1) + "\n")
+        (work / "trainer.json").write_text(json.dumps(state, indent=1) + "\n")
 
     rng = random.Random(cfg.seed * 1_000_003 + state["step"])
     mal = state["history"][-1]["held_out_mal"] if state["history"] else None
