@@ -151,7 +151,14 @@ def generate_tokens(
                     continue
             # -- a plain decode round: queue the next decode, then read this one
             tv = time.perf_counter()
-            chain = waiting is None and stats.generated_tokens + 1 < max_tokens and not decider.needs_context
+            # The first token is read before anything else is queued: on backends whose
+            # async_eval blocks on a full queue (MLX's CPU), chaining here would delay it
+            # by one whole decode, and elsewhere it saves only one graph build.
+            chain = (
+                waiting is None
+                and 0 < stats.generated_tokens < max_tokens - 1
+                and not decider.needs_context
+            )
             if chain and proposer is not None and proposer.uses_target_cache:
                 chain = next_k() == 0  # it must draft from the cache at the last token
             following = decode(queued.logits, tokens, 1) if chain else None
