@@ -11,7 +11,7 @@ target = hf2q_py.load()
 prompt = (Path(__file__).parent / "prompts" / "type_hints.txt").read_text()
 
 plain = hf2q_py.generate(target, prompt, max_tokens=200)
-fast = hf2q_py.generate(target, prompt, max_tokens=200, method="ngram", k=8, ngram_min=1, ngram_max=3)
+fast = hf2q_py.generate(target, prompt, max_tokens=200, method="ngram", k=16, ngram_min=1, ngram_max=5)
 
 print(fast.text)
 print(f"baseline: {plain.stats.summary()}")

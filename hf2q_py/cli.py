@@ -35,12 +35,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default="baseline", help="baseline, ngram, draft, layerskip or dflash")
-    p.add_argument("--k", type=_positive_int, default=8, help="(maximum) draft length per round")
+    p.add_argument("--k", type=_positive_int, default=None, help="(maximum) draft length per round (default: 16 for ngram, 8 otherwise)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--adaptive", dest="adaptive", action="store_true", default=True, help="choose K each round from measured acceptance and cost (default)")
     mode.add_argument("--fixed-k", dest="adaptive", action="store_false", help="always draft up to K tokens")
     p.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram to look up (n-gram method)")
-    p.add_argument("--ngram-max", type=int, default=3, help="longest n-gram to look up (n-gram method)")
+    p.add_argument("--ngram-max", type=int, default=5, help="longest n-gram to look up (n-gram method)")
     p.add_argument("--draft-model", default=None, help="draft model (draft method): folder, HF repo id or GGUF")
     p.add_argument("--draft-p-min", type=float, default=0.0, help="stop drafting when the draft's confidence drops below this")
     p.add_argument("--skip-layers", default="auto", help="layer-skip set: auto, alternate, early:N, middle:N or a list like 3,5,7")

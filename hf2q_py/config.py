@@ -17,15 +17,16 @@ METHODS = ("baseline", "ngram", "draft", "layerskip", "dflash")
 class SpecConfig:
     """Which proposer drafts, and how much.
 
-    ``k`` is the (maximum) draft length; ``adaptive`` lets the engine choose
-    K in [0, k] each round from measured acceptance and cost.
+    ``k`` is the (maximum) draft length, by default 16 for n-gram (copies run
+    long and cost no drafting) and 8 otherwise; ``adaptive`` lets the engine
+    choose K in [0, k] each round from measured acceptance and cost.
     """
 
     method: str = "baseline"
-    k: int = 8
+    k: int | None = None
     adaptive: bool = True
     ngram_min: int = 1
-    ngram_max: int = 3
+    ngram_max: int = 5
     draft: Any = None  # draft model: a Target or a load() source
     draft_p_min: float = 0.0
     skip_layers: Sequence[int] | str | None = None
@@ -34,7 +35,8 @@ class SpecConfig:
     def validate(self) -> None:
         if self.method not in METHODS:
             raise Hf2qError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
-        validate_k(self.k)
+        if self.k is not None:
+            validate_k(self.k)
         validate_ngram(self.ngram_min, self.ngram_max)
         if not 0.0 <= self.draft_p_min < 1.0:
             raise Hf2qError(f"draft-p-min must be in [0, 1), got {self.draft_p_min}")
@@ -42,6 +44,15 @@ class SpecConfig:
             raise Hf2qError("method 'draft' needs a draft model (draft=... / --draft-model)")
         if self.method == "dflash" and self.drafter is None:
             raise Hf2qError("method 'dflash' needs a drafter (drafter=... / --drafter PATH)")
+
+
+    @property
+    def draft_length(self) -> int:
+        """``k``, or the method's default when it is None."""
+        return self.k if self.k is not None else DEFAULT_K.get(self.method, 8)
+
+
+DEFAULT_K = {"ngram": 16}
 
 
 @dataclass

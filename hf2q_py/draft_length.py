@@ -4,6 +4,7 @@ from measured acceptance and measured verify cost."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Hashable
 
 from .errors import Hf2qError
 
@@ -20,10 +21,12 @@ class FixedK:
         validate_k(k)
         self.k = k
 
-    def next_k(self) -> int:
+    def next_k(self, key: Hashable = None) -> int:
         return self.k
 
-    def update(self, forward_tokens: int, seconds: float, drafted: int, accepted: int) -> None:
+    def update(
+        self, forward_tokens: int, seconds: float, drafted: int, accepted: int, key: Hashable = None
+    ) -> None:
         pass
 
 
@@ -43,6 +46,11 @@ class AdaptiveK:
     plain-decoding speed. The first round is always a plain decode, to
     measure the yardstick.
 
+    Proposers that know something about their drafts before drafting (the
+    n-gram match depth) pass it as ``key``: each key keeps its own
+    conditional rates, with the pooled rates as a prior of weight
+    ``key_weight``, so a new key starts from what is known overall.
+
     ``timed=False`` replaces measured costs by the prior model, so K depends
     only on acceptance: seeded sampling with a draft model or layer skip
     then repeats exactly (which random draws a position uses depends on
@@ -54,6 +62,7 @@ class AdaptiveK:
     prior_rate: float = 0.5
     prior_weight: float = 1.0
     prior_slope: float = 0.12  # c(L) = 1 + slope * (L - 1) until measured
+    key_weight: float = 1.0
     timed: bool = True
     probe_k: int = 2
     min_cooldown: int = 8
@@ -67,17 +76,22 @@ class AdaptiveK:
         validate_k(self.k_max)
         self.tried = [0.0] * self.k_max
         self.hits = [0.0] * self.k_max
+        self.keyed: dict[Hashable, tuple[list[float], list[float]]] = {}  # key -> (tried, hits)
 
-    def rate(self, i: int) -> float:
+    def rate(self, i: int, key: Hashable = None) -> float:
         """Conditional acceptance estimate at draft position ``i`` (0-based);
         a position barely tried yet borrows the estimate of the one before."""
         prior = self.prior_rate if i == 0 or self.tried[i] >= 0.5 else self.rate(i - 1)
-        return (self.hits[i] + prior * self.prior_weight) / (self.tried[i] + self.prior_weight)
+        pooled = (self.hits[i] + prior * self.prior_weight) / (self.tried[i] + self.prior_weight)
+        if key is None or key not in self.keyed:
+            return pooled
+        tried, hits = self.keyed[key]
+        return (hits[i] + pooled * self.key_weight) / (tried[i] + self.key_weight)
 
-    def expected_tokens(self, k: int) -> float:
+    def expected_tokens(self, k: int, key: Hashable = None) -> float:
         total, p = 1.0, 1.0
         for i in range(k):
-            p *= self.rate(i)
+            p *= self.rate(i, key)
             total += p
         return total
 
@@ -93,41 +107,47 @@ class AdaptiveK:
             return max(1.0, tn / t1)  # timings are noisy; more tokens never cost less
         return 1.0 + self.prior_slope * (n - 1)
 
-    def best_k(self) -> int:
+    def best_k(self, key: Hashable = None) -> int:
         best, best_rate = 0, 1.0
         for k in range(1, self.k_max + 1):
-            rate = self.expected_tokens(k) / self.cost(k + 1)
+            rate = self.expected_tokens(k, key) / self.cost(k + 1)
             if rate > best_rate * 1.02:
                 best, best_rate = k, rate
         return best
 
-    def next_k(self) -> int:
+    def next_k(self, key: Hashable = None) -> int:
         if self.time(1) is None:
             return 0  # first measure a plain decode round: the yardstick for every cost
-        k = self.best_k()
+        k = self.best_k(key)
         if k > 0:
             return k
         if self.since_probe >= self.cooldown:
             return self.probe_k
         return 0
 
-    def update(self, forward_tokens: int, seconds: float, drafted: int, accepted: int) -> None:
+    def update(
+        self, forward_tokens: int, seconds: float, drafted: int, accepted: int, key: Hashable = None
+    ) -> None:
         self.seconds[forward_tokens] = 0.9 * self.seconds.get(forward_tokens, 0.0) + seconds
         self.counts[forward_tokens] = 0.9 * self.counts.get(forward_tokens, 0.0) + 1.0
         if drafted == 0:
             self.since_probe += 1
             return
-        probing = self.best_k() == 0
-        for i in range(self.k_max):
-            self.tried[i] *= self.decay
-            self.hits[i] *= self.decay
-        for i in range(min(accepted + 1, drafted)):
-            self.tried[i] += 1
-            if i < accepted:
-                self.hits[i] += 1
+        probing = self.best_k(key) == 0
+        tables = [(self.tried, self.hits)]
+        if key is not None:
+            tables.append(self.keyed.setdefault(key, ([0.0] * self.k_max, [0.0] * self.k_max)))
+        for tried, hits in tables:
+            for i in range(self.k_max):
+                tried[i] *= self.decay
+                hits[i] *= self.decay
+            for i in range(min(accepted + 1, drafted)):
+                tried[i] += 1
+                if i < accepted:
+                    hits[i] += 1
         if probing:
             self.since_probe = 0
-            if self.best_k() == 0:
+            if self.best_k(key) == 0:
                 self.cooldown = min(self.cooldown * 2, self.max_cooldown)
             else:
                 self.cooldown = self.min_cooldown

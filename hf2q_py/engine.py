@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Hashable, Iterator, Sequence
 
 
 import mlx.core as mx
@@ -105,21 +105,26 @@ def generate_tokens(
         mx.async_eval(fwd.logits)
         return fwd
 
-    def next_k() -> int:
+    def draft_key() -> Hashable:
+        return proposer.draft_key(tokens) if proposer is not None and proposer.active else None
+
+    def next_k(key: Hashable) -> int:
         if proposer is None or not proposer.active:
             return 0
-        return min(policy.next_k(), max_tokens - stats.generated_tokens - 1)
+        return min(policy.next_k(key), max_tokens - stats.generated_tokens - 1)
 
     queued: Forward | None = None  # a decode of tokens[-1], already in flight
     t_queued = 0.0  # when the queued decode could start running
     waiting: list[int] | None = None  # drafts proposed while a decode was in flight
     carried: list[int] = []  # drafts for the current context that the decode confirmed
+    waiting_key: Hashable = None  # the proposer's draft key for ``waiting``
     try:
         while True:
             if queued is None:
                 # -- a verify round, unless nothing is drafted ---------------
                 tp = time.perf_counter()
-                k = next_k()
+                key = waiting_key if carried else draft_key()
+                k = next_k(key)
                 drafts = (carried or (proposer.propose(tokens, k) if k > 0 else []))[:k]
                 carried = []
                 tv = time.perf_counter()
@@ -135,7 +140,7 @@ def generate_tokens(
                     new = drafts[:n] + [t]
                     te = time.perf_counter()
                     # the round's cost includes drafting (a draft model's or a skip pass's forwards)
-                    policy.update(len(drafts) + 1, ts - tp, len(drafts), n)
+                    policy.update(len(drafts) + 1, ts - tp, len(drafts), n, key)
                     stats.record_round(len(drafts), n)
                     stats.propose_seconds += tv - tp
                     stats.verify_seconds += ts - tv
@@ -160,7 +165,7 @@ def generate_tokens(
                 and not decider.needs_context
             )
             if chain and proposer is not None and proposer.uses_target_cache:
-                chain = next_k() == 0  # it must draft from the cache at the last token
+                chain = next_k(draft_key()) == 0  # it must draft from the cache at the last token
             following = decode(queued.logits, tokens, 1) if chain else None
             y = queued.logits.item()
             ts = time.perf_counter()
@@ -185,7 +190,8 @@ def generate_tokens(
             queued, t_queued = following, ts
             if queued is not None and proposer is not None and not proposer.uses_target_cache:
                 tp = time.perf_counter()
-                k = next_k()
+                waiting_key = draft_key()
+                k = next_k(waiting_key)
                 if k > 0:  # drafts end the chain: speculation resumes after the queued decode
                     waiting = proposer.propose(tokens, k)[:k] or None
                 stats.propose_seconds += time.perf_counter() - tp

@@ -19,7 +19,8 @@ def build_proposer(
     if spec.method == "baseline":
         return None, None
     timed = not (seeded_sampling and spec.method in ("draft", "layerskip", "dflash"))
-    policy = AdaptiveK(spec.k, timed=timed) if spec.adaptive else FixedK(spec.k)
+    k = spec.draft_length
+    policy = AdaptiveK(k, timed=timed) if spec.adaptive else FixedK(k)
     if spec.method == "ngram":
         from .proposers.ngram import NgramProposer
 

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf2q_py.errors import Hf2qError
-from hf2q_py.proposers.ngram import NgramProposer, lookup_by_rescan, propose_ngram
+from hf2q_py.proposers.ngram import NgramIndex, NgramProposer, lookup_by_rescan, propose_ngram
 
 
 @pytest.mark.parametrize(
@@ -65,3 +65,49 @@ def test_a_rewritten_history_is_reindexed():
 def test_bad_ngram_sizes_are_refused(min_n, max_n):
     with pytest.raises(Hf2qError):
         NgramProposer(min_n, max_n)
+
+
+@pytest.mark.parametrize(
+    "tokens, drafts, depth",
+    [
+        ([7, 1, 2, 3, 9, 8, 1, 2, 3], [9, 8], 3),  # the 3-gram matches, the token before it does not
+        ([5, 1, 2, 3, 9, 5, 1, 2, 3], [9, 5], 4),  # one more token agrees, up to the context's start
+        ([4, 6, 1, 9, 1], [9, 1], 1),  # a lone 1-gram
+        ([1, 2, 3], [], 0),  # no match
+    ],
+)
+def test_match_depth_counts_the_agreeing_tokens_before_the_drafts(tokens, drafts, depth):
+    index = NgramIndex(1, 3)
+    index.extend(tokens)
+    assert index.match(2) == (drafts, depth)
+
+
+def match_by_definition(tokens, min_n, max_n, k, cap):
+    """The earliest occurrence of the longest suffix (as in lookup_by_rescan),
+    then the largest d <= cap with tokens[end-d:end] == tokens[-d:]."""
+    size = len(tokens)
+    for n in range(min(max_n, size - 1), min_n - 1, -1):
+        for start in range(0, size - n):
+            if tokens[start : start + n] == tokens[size - n :]:
+                end = start + n
+                depth = max(d for d in range(0, min(cap, end) + 1) if tokens[end - d : end] == tokens[size - d :])
+                return tokens[end : end + k], depth
+    return [], 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(tokens=st.lists(st.integers(0, 3), min_size=2, max_size=60), cap=st.integers(3, 40))
+def test_match_depth_matches_its_definition(tokens, cap):
+    index = NgramIndex(1, 3)
+    index.extend(tokens)
+    assert index.match(4, max_depth=cap) == match_by_definition(tokens, 1, 3, 4, cap)
+
+
+def test_draft_key_classes_the_match_depth():
+    proposer = NgramProposer(1, 3)
+    copied = list(range(100, 140))
+    assert proposer.draft_key([1, 2, 3]) == 0
+    assert proposer.draft_key([4, 6, 1, 9, 1]) == 1
+    assert proposer.draft_key([5, 1, 2, 3, 9, 5, 1, 2, 3]) == 4
+    assert proposer.draft_key(copied + [0] + copied[:10]) == 8
+    assert proposer.draft_key(copied + [0] + copied[:30]) == 16

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Hashable, Sequence
 
 
 class Proposer:
@@ -33,6 +33,11 @@ class Proposer:
         """False once the proposer has decided not to draft at all (the
         engine then decodes plainly, pipelined, without asking it)."""
         return True
+
+    def draft_key(self, tokens: Sequence[int]) -> Hashable:
+        """A class for the next drafts, known before drafting (the n-gram match
+        depth); adaptive K keeps acceptance statistics per class. None: one class."""
+        return None
 
     def start(self, runtime: Any, prompt: Sequence[int], hidden: dict[int, Any]) -> None:
         """Called once, after the prompt (all but its last token) was prefilled."""

@@ -37,12 +37,22 @@ class NgramIndex:
 
     def lookup(self, k: int) -> list[int]:
         """Drafts for the current suffix: longest matching n first, earliest occurrence."""
+        return self.match(k)[0]
+
+    def match(self, k: int, max_depth: int = 32) -> tuple[list[int], int]:
+        """``lookup``'s drafts and the match depth: how many tokens before the
+        drafts agree with the current suffix (at least n, up to ``max_depth``).
+        Deep matches are long copies in progress; their drafts are far more
+        often right than a lone 1-gram's. Depth 0: no match."""
         toks, size = self.tokens, len(self.tokens)
         for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
             end = self.first[n].get(tuple(toks[size - n :]))
             if end is not None and end < size:
-                return toks[end : end + k]
-        return []
+                depth = n
+                while depth < max_depth and depth < end and toks[end - 1 - depth] == toks[size - 1 - depth]:
+                    depth += 1
+                return toks[end : end + k], depth
+        return [], 0
 
 
 def validate_ngram(min_n: int, max_n: int) -> None:
@@ -73,6 +83,13 @@ class NgramProposer(Proposer):
     def start(self, runtime, prompt, hidden) -> None:
         self.index.truncate(0)
         self._sync(prompt)
+
+    def draft_key(self, tokens: Sequence[int]) -> int:
+        """The match depth's class (0: no match; 1, 2, 3; 4: 4-7; 8: 8-15;
+        16: 16 or more), so the draft length can follow how deep the copy runs."""
+        self._sync(tokens)
+        depth = self.index.match(1, max_depth=16)[1]
+        return depth if depth < 4 else 4 if depth < 8 else 8 if depth < 16 else 16
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
         self._sync(tokens)

@@ -1,0 +1,70 @@
+"""Draft-length policies: a fixed K, and an adaptive K chosen from measured
+acceptance and measured round cost (per draft key when the proposer has one)."""
+
+import pytest
+
+from hf2q_py.draft_length import AdaptiveK, FixedK
+from hf2q_py.errors import Hf2qError
+
+DECODE_S = 0.1
+
+
+def seconds(width: int) -> float:
+    """A round feeding ``width`` tokens costs 1 + 0.1 per extra token, in decodes."""
+    return DECODE_S * (1 + 0.1 * (width - 1))
+
+
+def play(policy, accepted_of, rounds: int, key=None) -> list[int]:
+    """Run rounds where ``accepted_of(k)`` drafts of k are accepted; returns each round's K."""
+    ks = []
+    for _ in range(rounds):
+        k = policy.next_k(key)
+        ks.append(k)
+        n = accepted_of(k) if k else 0
+        policy.update(k + 1, seconds(k + 1), k, n, key)
+    return ks
+
+
+def test_fixed_k_always_drafts_k():
+    assert FixedK(5).next_k() == 5 == FixedK(5).next_k("any key")
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5])
+def test_k_below_one_is_refused(bad):
+    with pytest.raises(Hf2qError):
+        FixedK(bad)
+    with pytest.raises(Hf2qError):
+        AdaptiveK(bad)
+
+
+def test_the_first_round_is_a_plain_decode_to_measure_the_yardstick():
+    assert AdaptiveK(8).next_k() == 0
+
+
+def test_drafts_that_are_always_right_grow_to_k_max():
+    ks = play(AdaptiveK(8), lambda k: k, 30)
+    assert ks[-1] == 8
+
+
+def test_drafts_that_are_never_right_fall_back_to_plain_decoding_with_rare_probes():
+    policy = AdaptiveK(8)
+    ks = play(policy, lambda k: 0, 300)
+    late = ks[100:]
+    assert late.count(0) >= 0.97 * len(late)
+    assert set(late) <= {0, policy.probe_k}
+    assert policy.cooldown == policy.max_cooldown  # failed probes back off
+
+
+def test_each_key_keeps_its_own_acceptance():
+    policy = AdaptiveK(8)
+    for _ in range(20):
+        play(policy, lambda k: k, 1, key="deep copy")
+        play(policy, lambda k: 0, 1, key="lone 1-gram")
+    assert policy.next_k("deep copy") == 8
+    assert policy.next_k("lone 1-gram") < 2
+
+
+def test_a_new_key_starts_from_the_pooled_rates():
+    policy = AdaptiveK(8)
+    play(policy, lambda k: k, 20, key="seen")
+    assert policy.next_k("unseen") == policy.next_k(None) == 8
