@@ -44,7 +44,8 @@ def build_proposer(
         return DFlashProposer(target, drafter), policy
     from .proposers.layer_skip import LayerSkipProposer
 
-    return LayerSkipProposer(target, spec.skip_layers if spec.skip_layers is not None else "auto"), policy
+    skip = spec.skip_layers if spec.skip_layers is not None else "auto"
+    return LayerSkipProposer(target, skip, k_max=k), policy
 
 
 _draft_cache: dict = {}

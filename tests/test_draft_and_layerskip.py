@@ -6,7 +6,19 @@ from models import random_prompt, tiny_target
 
 import hf2q_py
 from hf2q_py.errors import Hf2qError, UnsupportedModelError
-from hf2q_py.proposers.layer_skip import LayerSkipProposer, auto_candidates, skip_recipe
+from mlx.utils import tree_flatten
+
+from hf2q_py.draft_length import AdaptiveK
+from hf2q_py.engine import generate_tokens
+from hf2q_py.proposers import layer_skip
+from hf2q_py.proposers.layer_skip import (
+    LayerSkipProposer,
+    auto_candidates,
+    draft_cost_share,
+    optimistic_speedup,
+    skip_recipe,
+)
+from hf2q_py.stats import GenerationStats
 
 # (target arch, scale): repetitive and varied models; gemma4 runs far past its window of 16.
 TARGETS = [("llama", 1.0), ("llama", 2.0), ("qwen2", 1.5), ("gemma4_text", 1.5)]
@@ -97,7 +109,8 @@ def test_layer_skip_is_lossless(arch, scale, skip, k):
     assert r.stats.drafted > 0
 
 
-def test_layer_skip_auto_is_lossless_and_remembers_its_choice():
+def test_layer_skip_auto_is_lossless_and_remembers_its_choice(monkeypatch):
+    monkeypatch.setattr(layer_skip, "MARGIN", 0.0)  # no candidate is dropped untried
     target = tiny_target("llama", scale=1.0)
     prompt = random_prompt(12)
     want = baseline(target, prompt, 60)
@@ -107,6 +120,42 @@ def test_layer_skip_auto_is_lossless_and_remembers_its_choice():
     assert len(LayerSkipProposer._memory) == 1  # calibrated once ...
     again = LayerSkipProposer(target, "auto")
     assert again.trials == []  # ... and the next run starts with the choice
+
+
+def test_auto_drops_untried_the_skip_sets_that_could_not_pay():
+    target = tiny_target("llama", scale=1.0)
+    prompt = random_prompt(12)
+    want = baseline(target, prompt, 30)
+    LayerSkipProposer._memory.clear()
+    hopeless = LayerSkipProposer(target, "auto", optimistic_acceptance=0.0)
+    assert hopeless.trials  # candidates to try, until the prompt is in ...
+    stats = GenerationStats()
+    got = [t for new in generate_tokens(target, prompt, max_tokens=30, proposer=hopeless,
+                                        policy=AdaptiveK(4), stats=stats) for t in new]
+    assert got == want
+    assert hopeless.trials == [] and len(hopeless.pruned) == len(auto_candidates(target.num_layers))
+    assert stats.drafted == 0  # ... then plain decoding, with no calibration rounds
+    assert LayerSkipProposer(target, "auto").trials == []  # and the choice is remembered
+
+
+def test_a_skip_pass_costs_its_share_of_the_weights():
+    model = tiny_target("llama").model
+    n = len(model.layers)
+    assert draft_cost_share(model, []) == 1.0
+    shares = [draft_cost_share(model, range(m)) for m in range(n + 1)]
+    assert shares == sorted(shares, reverse=True)
+    head = model.model.embed_tokens.weight.nbytes  # tied embeddings: the head
+    assert shares[-1] == pytest.approx(head / (head + sum(
+        sum(v.nbytes for _, v in tree_flatten(layer.parameters())) for layer in model.layers)))
+
+
+def test_optimistic_speedup():
+    def flat(n):
+        return 1.0
+
+    assert optimistic_speedup(0.0, flat, 4, acceptance=1.0) == 5.0  # free, always-right drafts
+    assert optimistic_speedup(1.0, flat, 8, acceptance=1.0) < 1.0 + 1e-9  # a full pass per draft
+    assert optimistic_speedup(0.5, flat, 8, 0.0) < 1.0  # never accepted
 
 
 def test_skip_recipes():

@@ -14,13 +14,15 @@ from pathlib import Path
 from typing import Sequence
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from ..errors import Hf2qError
-from ..taps import check_skippable
+from ..taps import check_skippable, find_decoder
 from ..target import Target
 from .base import Proposer
 
 CACHE_FILE = Path.home() / ".cache" / "hf2q-py" / "layerskip.json"
+MARGIN = 1.05  # a skip set is kept only if it beats plain decoding by this factor
 
 
 def skip_recipe(spec: str | Sequence[int], num_layers: int) -> list[int]:
@@ -82,21 +84,57 @@ def auto_candidates(num_layers: int) -> list[list[int]]:
     return unique
 
 
+def draft_cost_share(model, skip: Sequence[int]) -> float:
+    """Cost of a skip pass relative to a full single-token forward, taken as
+    the share of weight bytes it reads (batch-1 decoding is bandwidth-bound):
+    the layers it runs plus the output head, which is never skipped."""
+    sizes = [sum(v.nbytes for _, v in tree_flatten(layer.parameters())) for layer in model.layers]
+    head = getattr(model, "lm_head", None)
+    if head is None:  # tied: the embedding is the head
+        head = find_decoder(model).embed_tokens
+    head_bytes = sum(v.nbytes for _, v in tree_flatten(head.parameters()))
+    total = sum(sizes) + head_bytes
+    return (total - sum(sizes[i] for i in set(skip))) / total
+
+
+def optimistic_speedup(draft_share: float, verify_cost, k_max: int, acceptance: float) -> float:
+    """Speed-up over plain decoding of a skip set whose drafts are each
+    accepted with probability ``acceptance``, at the best K <= ``k_max``:
+    expected tokens ``sum_{i<=K} acceptance**i`` per round of K skip passes
+    plus one verify of K+1 tokens (``verify_cost(n)`` in single-forward units)."""
+    return max(
+        sum(acceptance**i for i in range(k + 1)) / (k * draft_share + verify_cost(k + 1))
+        for k in range(1, k_max + 1)
+    )
+
+
 class LayerSkipProposer(Proposer):
     """Drafts with the target itself, some layers skipped.
 
     With ``skip="auto"`` the first rounds of a generation try each candidate
     skip set (and plain decoding) for a few rounds each, on the real output,
     then keep the one with the best measured tokens per second, or none at all
-    when no skip set beats plain decoding. The choice is remembered per model
-    (in memory, and on disk for models loaded from a file).
+    when no skip set beats plain decoding. Before that, candidates that would
+    not beat plain decoding by ``MARGIN`` even if ``optimistic_acceptance`` of their
+    drafts were accepted (more than any skip set measured on the models here)
+    are dropped untried, from their share of the weights against a verify
+    timed right after prefill; when none is left there is no calibration.
+    The choice is remembered per model (in memory, and on disk for models
+    loaded from a file).
     """
 
     name = "layerskip"
     uses_target_cache = True
     _memory: dict[str, list[int] | None] = {}
 
-    def __init__(self, target: Target, skip: str | Sequence[int] = "auto", trial_rounds: int = 3):
+    def __init__(
+        self,
+        target: Target,
+        skip: str | Sequence[int] = "auto",
+        trial_rounds: int = 3,
+        optimistic_acceptance: float = 0.9,
+        k_max: int = 8,
+    ):
         check_skippable(target.model)
         self.target = target
         self.rt = None
@@ -115,6 +153,9 @@ class LayerSkipProposer(Proposer):
         else:
             self.skip = skip_recipe(skip, n)
         self.trial_rounds = trial_rounds
+        self.optimistic_acceptance = optimistic_acceptance
+        self.k_max = k_max
+        self.pruned: list[tuple[list[int], float]] = []  # (skip set, optimistic speed-up)
         self.results: list[tuple[list[int] | None, float]] = []  # (skip set, tokens/s)
         self._rounds = self._tokens = 0
         self._seconds = 0.0
@@ -165,7 +206,7 @@ class LayerSkipProposer(Proposer):
             return
         plain_rate = self.results[0][1]
         best = max(self.results[1:], key=lambda r: r[1], default=(None, 0.0))
-        self.skip = best[0] if best[1] > 1.05 * plain_rate else None
+        self.skip = best[0] if best[1] > MARGIN * plain_rate else None
         self._remember(self.skip)
 
     # -- Proposer --------------------------------------------------------------
@@ -173,8 +214,38 @@ class LayerSkipProposer(Proposer):
     def active(self) -> bool:
         return self.skip is not None or bool(self.trials)
 
+    def _prune(self) -> None:
+        """Drop the trial candidates that could not pay even optimistically."""
+        rt, last = self.rt, self._last_token
+        widths = (1, self.k_max + 1)
+        seconds = {}
+        for n in (1, *widths):  # the first forward warms up
+            t0 = time.perf_counter()
+            mx.eval(rt.forward([last] * n).logits)
+            seconds[n] = time.perf_counter() - t0
+            rt.trim(n)
+        slope = max(0.0, seconds[widths[1]] / seconds[1] - 1) / self.k_max
+
+        def verify_cost(n: int) -> float:
+            return 1 + slope * (n - 1)
+
+        kept = []
+        for skip in self.trials[1:]:
+            share = draft_cost_share(self.target.model, skip)
+            bound = optimistic_speedup(share, verify_cost, self.k_max, self.optimistic_acceptance)
+            if bound >= MARGIN:
+                kept.append(skip)
+            else:
+                self.pruned.append((skip, bound))
+        self.trials = [None, *kept] if kept else []
+        if not kept:
+            self._remember(None)
+
     def start(self, runtime, prompt, hidden) -> None:
         self.rt = runtime
+        self._last_token = prompt[-1]
+        if self.trials:
+            self._prune()
         self._t_last = time.perf_counter()
         self._last_len = len(prompt)
 
