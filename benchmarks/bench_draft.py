@@ -24,21 +24,55 @@ from mlx_lm.sample_utils import make_sampler
 from hf2q_py.workloads import default_workloads
 
 
-def mlx_lm_spec(target, draft, ids, max_tokens, k, temp, seed):
+class Timed:
+    """Token arrival times of one generation: ``whole`` tokens/s from the call to
+    the last token, and ``steady`` tokens/s after the first round (prefills, the
+    first round and its tokens excluded: the same cut for every engine)."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+        self.times: list[float] = []
+        self.tokens: list[int] = []
+
+    def add(self, tokens):
+        now = time.perf_counter()
+        self.tokens += tokens
+        self.times += [now] * len(tokens)
+
+    @property
+    def whole(self) -> float:
+        return len(self.tokens) / (self.times[-1] - self.t0)
+
+    @property
+    def steady(self) -> float:
+        first = self.times[0]
+        later = [t for t in self.times if t > first + 0.05]  # tokens of later rounds
+        return len(later) / (self.times[-1] - first) if later else 0.0
+
+
+def ours(target, ids, max_tokens, **options) -> tuple[Timed, object]:
+    timed = Timed()
+    stats = None
+    for chunk in hf2q_py.stream_generate(target, ids, max_tokens=max_tokens, **options):
+        if chunk.tokens:
+            timed.add(chunk.tokens)
+        stats = chunk.stats
+    return timed, stats
+
+
+def mlx_lm_spec(target, draft, ids, max_tokens, k, temp, seed) -> tuple[Timed, float]:
     mx.random.seed(seed)
-    t0 = time.perf_counter()
-    toks, accepted = [], 0
-    for tok, _, from_draft in speculative_generate_step(
+    timed, from_draft = Timed(), 0
+    for tok, _, drafted in speculative_generate_step(
         mx.array(ids), target.model, draft.model, num_draft_tokens=k, max_tokens=max_tokens,
         sampler=make_sampler(temp),
     ):
         tok = int(tok)
         if tok in target.eos_token_ids:
             break
-        toks.append(tok)
-        accepted += bool(from_draft)
-    end = time.perf_counter()
-    return toks, end - t0, accepted / max(len(toks), 1)
+        timed.add([tok])
+        from_draft += bool(drafted)
+    return timed, from_draft / max(len(timed.tokens), 1)
 
 
 def main():
@@ -57,33 +91,33 @@ def main():
     rows = []
     for w in [w for w in default_workloads() if args.workloads in w.name][: args.limit]:
         ids = hf2q_py.encode_prompt(target, w.prompt)
-        base = hf2q_py.generate(target, ids, max_tokens=args.max_tokens, **common)
-        spec = hf2q_py.generate(target, ids, max_tokens=args.max_tokens, method="draft", draft=draft,
-                                k=args.k, adaptive=False, **common)
-        ours_ad = hf2q_py.generate(target, ids, max_tokens=args.max_tokens, method="draft", draft=draft,
-                                   k=args.k, **common)
-        ml_toks, ml_seconds, ml_acc = mlx_lm_spec(target, draft, ids, args.max_tokens, args.k, args.temp, 0)
-        # Every engine prefills the same target prompt; decode rates take the baseline's
-        # prefill time off each whole-generation time (drafting costs, the draft model's
-        # own prefill included, stay in).
-        prefill = base.stats.prefill_seconds
-        rate = [n / (seconds - prefill) for n, seconds in (
-            (len(r.tokens), r.stats.prefill_seconds + r.stats.decode_seconds) for r in (base, spec, ours_ad)
-        )] + [len(ml_toks) / (ml_seconds - prefill)]
-        rows.append((w.name, len(ids), len(base.tokens), rate[0], rate[1], spec.stats.acceptance_rate,
-                     spec.tokens == base.tokens, rate[2], rate[3], ml_acc, ml_toks == base.tokens))
+        base, _ = ours(target, ids, args.max_tokens, **common)
+        fixed, fixed_stats = ours(target, ids, args.max_tokens, method="draft", draft=draft, k=args.k,
+                                  adaptive=False, **common)
+        adaptive, _ = ours(target, ids, args.max_tokens, method="draft", draft=draft, k=args.k, **common)
+        ml, ml_share = mlx_lm_spec(target, draft, ids, args.max_tokens, args.k, args.temp, 0)
+        runs = (base, fixed, adaptive, ml)
+        rows.append((w.name, len(ids), len(base.tokens), [r.whole for r in runs], [r.steady for r in runs],
+                     fixed_stats.acceptance_rate, ml_share, [r.tokens == base.tokens for r in runs[1:]]))
         print(rows[-1], flush=True)
     print(f"\ntarget {args.target}, draft {args.draft}, float32, K={args.k}, max_tokens {args.max_tokens}, "
-          f"temperature {args.temp}; decode tok/s (whole generation less the target's prompt prefill)\n")
-    print("| workload | prompt tokens | tokens | baseline tok/s | hf2q draft (fixed K) | acceptance | identical | "
-          "hf2q draft (adaptive) | mlx-lm speculative | mlx-lm draft share | mlx-lm identical |")
-    print("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|")
+          f"temperature {args.temp}\n")
+    engines = ("hf2q draft (fixed K)", "hf2q draft (adaptive)", "mlx-lm speculative")
+    for label, col in (("decode tok/s after the first round (prefills excluded)", 4),
+                       ("tok/s over the whole generation (prefills included)", 3)):
+        print(f"{label}:\n")
+        print("| workload | prompt tokens | tokens | baseline | " + " | ".join(engines) + " |")
+        print("|---|---:|---:|---:|" + "---:|" * len(engines))
+        for r in rows:
+            rates = r[col]
+            cells = " | ".join(f"{x:.2f} ({x / rates[0]:.2f}x)" for x in rates[1:])
+            print(f"| {r[0]} | {r[1]} | {r[2]} | {rates[0]:.2f} | {cells} |")
+        means = [sum(r[col][i] / r[col][0] for r in rows) / len(rows) for i in (1, 2, 3)]
+        print("\nmean speed-up: " + ", ".join(f"{e} {m:.2f}x" for e, m in zip(engines, means)) + "\n")
+    print("| workload | hf2q acceptance (fixed K) | mlx-lm draft share | identical to baseline (fixed, adaptive, mlx-lm) |")
+    print("|---|---:|---:|---|")
     for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.2f} | {r[4]:.2f} ({r[4] / r[3]:.2f}x) | {r[5]:.0%} | {r[6]} | "
-              f"{r[7]:.2f} ({r[7] / r[3]:.2f}x) | {r[8]:.2f} ({r[8] / r[3]:.2f}x) | {r[9]:.0%} | {r[10]} |")
-    if rows:
-        mean = [sum(r[i] / r[3] for r in rows) / len(rows) for i in (4, 7, 8)]
-        print(f"\nmean speed-up: hf2q fixed K {mean[0]:.2f}x, hf2q adaptive {mean[1]:.2f}x, mlx-lm {mean[2]:.2f}x")
+        print(f"| {r[0]} | {r[5]:.0%} | {r[6]:.0%} | {', '.join(map(str, r[7]))} |")
 
 if __name__ == "__main__":
     main()

@@ -9,8 +9,8 @@ class Proposer:
     """Proposes draft tokens for the target to verify.
 
     The engine calls ``start`` once after prefill, then per round
-    ``propose(tokens, k)`` with every committed token so far (prompt
-    included), and ``update`` after verification with how many of the drafts
+    ``draft_key(tokens)`` (to choose K), ``propose(tokens, k)`` with every
+    committed token so far (prompt included), and ``update`` after verification with how many of the drafts
     were accepted. ``capture_layers`` names target layers whose hidden states
     the proposer wants; the engine captures them in the target's own forwards
     and passes them to ``start`` and ``update``.

@@ -115,10 +115,11 @@ class LayerSkipProposer(Proposer):
     skip set (and plain decoding) for a few rounds each, on the real output,
     then keep the one with the best measured tokens per second, or none at all
     when no skip set beats plain decoding. Before that, candidates that would
-    not beat plain decoding by ``MARGIN`` even if ``optimistic_acceptance`` of their
-    drafts were accepted (more than any skip set measured on the models here)
-    are dropped untried, from their share of the weights against a verify
-    timed right after prefill; when none is left there is no calibration.
+    not beat plain decoding by ``MARGIN`` even if every draft were accepted
+    (``optimistic_acceptance``; 100% happens: the 1.5B Qwen coder accepted
+    every draft of a 6-layer middle skip while copying code) are dropped
+    untried, from their share of the weights against a verify timed right
+    after prefill; when none is left there is no calibration.
     The choice is remembered per model (in memory, and on disk for models
     loaded from a file).
     """
@@ -132,7 +133,7 @@ class LayerSkipProposer(Proposer):
         target: Target,
         skip: str | Sequence[int] = "auto",
         trial_rounds: int = 3,
-        optimistic_acceptance: float = 0.9,
+        optimistic_acceptance: float = 1.0,
         k_max: int = 8,
     ):
         check_skippable(target.model)
