@@ -17,4 +17,4 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 bench: setup
-	$(BIN)/python benchmarks/bench_ngram.py
+	$(BIN)/hf2q-py bench --methods ngram --max-tokens 256
