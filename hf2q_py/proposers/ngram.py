@@ -44,6 +44,12 @@ class NgramIndex:
         drafts agree with the current suffix (at least n, up to ``max_depth``).
         Deep matches are long copies in progress; their drafts are far more
         often right than a lone 1-gram's. Depth 0: no match."""
+        end, depth = self.find(max_depth)
+        return self.tokens[end : end + k] if depth else [], depth
+
+    def find(self, max_depth: int = 32) -> tuple[int, int]:
+        """Where the drafts start (the end of the matched occurrence) and the
+        match depth; (0, 0) when nothing matches."""
         toks, size = self.tokens, len(self.tokens)
         for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
             end = self.first[n].get(tuple(toks[size - n :]))
@@ -51,8 +57,8 @@ class NgramIndex:
                 depth = n
                 while depth < max_depth and depth < end and toks[end - 1 - depth] == toks[size - 1 - depth]:
                     depth += 1
-                return toks[end : end + k], depth
-        return [], 0
+                return end, depth
+        return 0, 0
 
 
 def validate_ngram(min_n: int, max_n: int) -> None:
@@ -72,28 +78,34 @@ class NgramProposer(Proposer):
     def __init__(self, min_n: int = 1, max_n: int = 3):
         validate_ngram(min_n, max_n)
         self.index = NgramIndex(min_n, max_n)
+        self._found: tuple[int, int] | None = None  # index.find() for the current tokens
 
-    def _sync(self, tokens: Sequence[int]) -> None:
+    def _sync(self, tokens: Sequence[int]) -> tuple[int, int]:
+        """Index ``tokens`` (new ones only) and return where their drafts start
+        and the match depth, found once per context."""
         have = len(self.index.tokens)
         if have > len(tokens) or (have and self.index.tokens[have - 1] != tokens[have - 1]):
             self.index.truncate(0)
             have = 0
-        self.index.extend(tokens[have:])
+        if have < len(tokens) or self._found is None:
+            self.index.extend(tokens[have:])
+            self._found = self.index.find(max_depth=16)
+        return self._found
 
     def start(self, runtime, prompt, hidden) -> None:
         self.index.truncate(0)
+        self._found = None
         self._sync(prompt)
 
     def draft_key(self, tokens: Sequence[int]) -> int:
         """The match depth's class (0: no match; 1, 2, 3; 4: 4-7; 8: 8-15;
         16: 16 or more), so the draft length can follow how deep the copy runs."""
-        self._sync(tokens)
-        depth = self.index.match(1, max_depth=16)[1]
+        depth = self._sync(tokens)[1]
         return depth if depth < 4 else 4 if depth < 8 else 8 if depth < 16 else 16
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
-        self._sync(tokens)
-        return self.index.lookup(k)
+        end, depth = self._sync(tokens)
+        return self.index.tokens[end : end + k] if depth else []
 
 
 def propose_ngram(tokens: Sequence[int], min_n: int, max_n: int, k: int) -> list[int]:
