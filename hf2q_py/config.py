@@ -11,6 +11,7 @@ from .proposers.ngram import validate_ngram
 from .sampling import SamplingConfig
 
 METHODS = ("baseline", "ngram", "draft", "layerskip", "dflash")
+DEFAULT_K = {"ngram": 16}  # default maximum draft length per method; 8 for the others
 
 
 @dataclass
@@ -45,14 +46,10 @@ class SpecConfig:
         if self.method == "dflash" and self.drafter is None:
             raise Hf2qError("method 'dflash' needs a drafter (drafter=... / --drafter PATH)")
 
-
     @property
     def draft_length(self) -> int:
         """``k``, or the method's default when it is None."""
         return self.k if self.k is not None else DEFAULT_K.get(self.method, 8)
-
-
-DEFAULT_K = {"ngram": 16}
 
 
 @dataclass

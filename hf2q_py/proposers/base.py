@@ -10,8 +10,8 @@ class Proposer:
 
     The engine calls ``start`` once after prefill, then per round
     ``draft_key(tokens)`` (to choose K), ``propose(tokens, k)`` with every
-    committed token so far (prompt included), and ``update`` after verification with how many of the drafts
-    were accepted. ``capture_layers`` names target layers whose hidden states
+    committed token so far (prompt included), and ``update`` after
+    verification with how many of the drafts were accepted. ``capture_layers`` names target layers whose hidden states
     the proposer wants; the engine captures them in the target's own forwards
     and passes them to ``start`` and ``update``.
     """

@@ -215,17 +215,19 @@ class LayerSkipProposer(Proposer):
     def active(self) -> bool:
         return self.skip is not None or bool(self.trials)
 
-    def _prune(self) -> None:
+    def _prune(self, last_token: int) -> None:
         """Drop the trial candidates that could not pay even optimistically."""
-        rt, last = self.rt, self._last_token
-        widths = (1, self.k_max + 1)
-        seconds = {}
-        for n in (1, *widths):  # the first forward warms up
+
+        def forward_seconds(n: int) -> float:
             t0 = time.perf_counter()
-            mx.eval(rt.forward([last] * n).logits)
-            seconds[n] = time.perf_counter() - t0
-            rt.trim(n)
-        slope = max(0.0, seconds[widths[1]] / seconds[1] - 1) / self.k_max
+            mx.eval(self.rt.forward([last_token] * n).logits)
+            seconds = time.perf_counter() - t0
+            self.rt.trim(n)
+            return seconds
+
+        forward_seconds(1)  # warm-up
+        one, wide = forward_seconds(1), forward_seconds(self.k_max + 1)
+        slope = max(0.0, wide / one - 1) / self.k_max
 
         def verify_cost(n: int) -> float:
             return 1 + slope * (n - 1)
@@ -244,9 +246,8 @@ class LayerSkipProposer(Proposer):
 
     def start(self, runtime, prompt, hidden) -> None:
         self.rt = runtime
-        self._last_token = prompt[-1]
         if self.trials:
-            self._prune()
+            self._prune(prompt[-1])
         self._t_last = time.perf_counter()
         self._last_len = len(prompt)
 
