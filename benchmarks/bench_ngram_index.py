@@ -47,7 +47,7 @@ def main():
 
     t0 = time.perf_counter()
     p = NgramProposer(1, 5)
-    p.start(None, prompt, {})
+    p.start(None, prompt, {}, None)
     build = time.perf_counter() - t0
 
     tokens = list(prompt)
@@ -59,7 +59,7 @@ def main():
         pos += step
         t = time.perf_counter()
         p.draft_key(tokens)  # the engine asks for the match depth first
-        d = p.propose(tokens, 16)
+        d = p.propose(tokens, 16).tokens
         inc.append(time.perf_counter() - t)
         if r < 20:
             t = time.perf_counter()

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Hashable
 
 from .errors import Hf2qError
+from .stats import Round
 
 
 def validate_k(k: int) -> None:
@@ -14,19 +15,29 @@ def validate_k(k: int) -> None:
         raise Hf2qError(f"k (draft length) must be an integer >= 1, got {k!r}")
 
 
+class NoDrafts:
+    """Plain decoding: K is always 0."""
+
+    k_max = 0
+
+    def next_k(self, key: Hashable = None) -> int:
+        return 0
+
+    def update(self, r: Round) -> None:
+        pass
+
+
 class FixedK:
     """Always draft up to ``k`` tokens."""
 
     def __init__(self, k: int):
         validate_k(k)
-        self.k = k
+        self.k = self.k_max = k
 
     def next_k(self, key: Hashable = None) -> int:
         return self.k
 
-    def update(
-        self, forward_tokens: int, seconds: float, drafted: int, accepted: int, key: Hashable = None
-    ) -> None:
+    def update(self, r: Round) -> None:
         pass
 
 
@@ -125,11 +136,12 @@ class AdaptiveK:
             return self.probe_k
         return 0
 
-    def update(
-        self, forward_tokens: int, seconds: float, drafted: int, accepted: int, key: Hashable = None
-    ) -> None:
-        self.seconds[forward_tokens] = 0.9 * self.seconds.get(forward_tokens, 0.0) + seconds
-        self.counts[forward_tokens] = 0.9 * self.counts.get(forward_tokens, 0.0) + 1.0
+    def update(self, r: Round) -> None:
+        """Learn from a finished round: its cost per forward width and, when it
+        drafted, the acceptance per draft position (pooled and for ``r.key``)."""
+        width, key, drafted, accepted = r.forward_tokens, r.key, r.drafted, r.accepted
+        self.seconds[width] = 0.9 * self.seconds.get(width, 0.0) + r.cost_seconds
+        self.counts[width] = 0.9 * self.counts.get(width, 0.0) + 1.0
         if drafted == 0:
             self.since_probe += 1
             return

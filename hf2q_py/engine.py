@@ -15,34 +15,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Hashable, Iterator, Sequence
-
+from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import mlx.core as mx
 
-from .draft_length import AdaptiveK, FixedK
+from .draft_length import AdaptiveK, FixedK, NoDrafts
 from .errors import Hf2qError
-from .proposers.base import Proposer
+from .proposers.base import Draft, PlainDecoding, Proposer
 from .sampling import Greedy
-from .stats import GenerationStats
-from .target import Forward, Target
+from .stats import GenerationStats, Round
+from .target import Runtime, Target
 
 CLEAR_CACHE_EVERY = 256
-
-
-@dataclass
-class RoundInfo:
-    """One round, as passed to the ``on_round`` profiling hook."""
-
-    index: int
-    k: int
-    drafted: int
-    accepted: int
-    emitted: int
-    propose_seconds: float
-    verify_seconds: float
-    sample_seconds: float
-
+DEFAULT_POLICY_K = 8
 
 def generate_tokens(
     target: Target,
@@ -50,23 +35,18 @@ def generate_tokens(
     *,
     max_tokens: int,
     proposer: Proposer | None = None,
-    policy: FixedK | AdaptiveK | None = None,
+    policy: FixedK | AdaptiveK | NoDrafts | None = None,
     eos_token_ids: Sequence[int] = (),
     stats: GenerationStats | None = None,
-    on_round: Callable[[RoundInfo], None] | None = None,
+    on_round: Callable[[Round], None] | None = None,
     decider: Greedy | None = None,
 ) -> Iterator[list[int]]:
     """Yield each round's newly committed tokens.
 
     ``decider`` turns logits into tokens and judges drafts: greedy by
-    default, or a ``Sampler`` (lossless speculative sampling).
-
-    With no proposer this is plain decoding. Plain decode rounds are
-    pipelined as in mlx-lm: the next decode is queued before the current
-    token is read back, so graph building overlaps the forward. When the
-    proposer drafts during such a stretch, the queued decode's token is
-    committed first and speculation starts from the next round (drafts it
-    already confirmed are carried over), so no forward is wasted.
+    default, or a ``Sampler`` (lossless speculative sampling). With no
+    proposer this is plain decoding; a proposer without a ``policy`` gets an
+    adaptive K of at most 8.
 
     EOS ends generation (the EOS token itself is not yielded) and
     ``max_tokens`` is never exceeded, also inside an accepted block.
@@ -76,133 +56,187 @@ def generate_tokens(
         raise Hf2qError("the prompt is empty")
     if max_tokens < 1:
         raise Hf2qError(f"max_tokens must be >= 1, got {max_tokens}")
+    proposer = proposer or PlainDecoding()
+    if policy is None:
+        policy = AdaptiveK(DEFAULT_POLICY_K) if proposer.active else NoDrafts()
     stats = stats if stats is not None else GenerationStats()
     decider = decider or Greedy()
-    stats.prompt_tokens = len(prompt)
     eos = set(eos_token_ids)
-    capture = tuple(proposer.capture_layers) if proposer else ()
-    k_max = getattr(policy, "k_max", getattr(policy, "k", 0))
-    rt = target.runtime(slack=max(64, k_max + 2))
+    stats.prompt_tokens = len(prompt)
 
+    rt = target.runtime(slack=max(64, policy.k_max + 2))
     t0 = time.perf_counter()
-    hidden: dict = {}
-    if len(prompt) > 1:
-        fwd = rt.prefill(prompt[:-1], logits="none", capture_layers=capture)
-        hidden = fwd.hidden
-        mx.eval(rt.state(), list(hidden.values()))
+    hidden = _prefill(rt, prompt, proposer.capture_layers)
     stats.prefill_seconds = time.perf_counter() - t0
     t_start = time.perf_counter()
-    tokens = list(prompt)
-    if proposer is not None:
-        proposer.decider = decider
-        proposer.start(rt, prompt, hidden)
-
-    def decode(token, context: list[int], ahead: int = 0) -> Forward:
-        """Queue a single-token forward of ``token`` (``ahead`` positions after
-        ``context``'s last token); ``.logits`` becomes the next token (lazy)."""
-        fwd = rt.decode(token, capture_layers=capture)
-        fwd.logits = decider.next_token(fwd.logits[-1], context, ahead)
-        mx.async_eval(fwd.logits)
-        return fwd
-
-    def draft_key() -> Hashable:
-        return proposer.draft_key(tokens) if proposer is not None and proposer.active else None
-
-    def next_k(key: Hashable) -> int:
-        if proposer is None or not proposer.active:
-            return 0
-        return min(policy.next_k(key), max_tokens - stats.generated_tokens - 1)
-
-    queued: Forward | None = None  # a decode of tokens[-1], already in flight
-    t_queued = 0.0  # when the queued decode could start running
-    waiting: list[int] | None = None  # drafts proposed while a decode was in flight
-    carried: list[int] = []  # drafts for the current context that the decode confirmed
-    waiting_key: Hashable = None  # the proposer's draft key for ``waiting``
+    loop = _Loop(rt, proposer, policy, decider, prompt, max_tokens, stats)
+    proposer.start(rt, prompt, hidden, decider)
     try:
         while True:
-            if queued is None:
-                # -- a verify round, unless nothing is drafted ---------------
-                tp = time.perf_counter()
-                key = waiting_key if carried else draft_key()
-                k = next_k(key)
-                drafts = (carried or (proposer.propose(tokens, k) if k > 0 else []))[:k]
-                carried = []
-                tv = time.perf_counter()
-                if not drafts:
-                    queued, t_queued = decode(tokens[-1], tokens), tv
-                else:
-                    q = proposer.draft_probs
-                    fwd = rt.verify([tokens[-1], *drafts], capture_layers=capture)
-                    mx.eval(fwd.logits)
-                    ts = time.perf_counter()
-                    n, t = decider.verify(fwd.logits, tokens, drafts, q[: len(drafts)] if q is not None else None)
-                    rt.trim(len(drafts) - n)
-                    new = drafts[:n] + [t]
-                    te = time.perf_counter()
-                    # the round's cost includes drafting (a draft model's or a skip pass's forwards)
-                    policy.update(len(drafts) + 1, ts - tp, len(drafts), n, key)
-                    stats.record_round(len(drafts), n)
-                    stats.propose_seconds += tv - tp
-                    stats.verify_seconds += ts - tv
-                    stats.sample_seconds += te - ts
-                    new, done = _commit(tokens, new, eos, max_tokens, stats)
-                    if on_round is not None:
-                        on_round(RoundInfo(stats.rounds, k, len(drafts), n, len(new), tv - tp, ts - tv, te - ts))
-                    if new:
-                        yield new
-                    if done:
-                        return
-                    proposer.update(tokens, len(drafts), n, fwd.hidden)
-                    continue
-            # -- a plain decode round: queue the next decode, then read this one
-            tv = time.perf_counter()
-            # The first token is read before anything else is queued: on backends whose
-            # async_eval blocks on a full queue (MLX's CPU), chaining here would delay it
-            # by one whole decode, and elsewhere it saves only one graph build.
-            chain = (
-                waiting is None
-                and 0 < stats.generated_tokens < max_tokens - 1
-                and not decider.needs_context
-            )
-            if chain and proposer is not None and proposer.uses_target_cache:
-                chain = next_k(draft_key()) == 0  # it must draft from the cache at the last token
-            following = decode(queued.logits, tokens, 1) if chain else None
-            y = queued.logits.item()
-            ts = time.perf_counter()
-            if proposer is not None:
-                # a chained decode starts when its predecessor ends: time it from there
-                policy.update(1, ts - t_queued, 0, 0)
-            stats.record_round(0, 0)
-            stats.verify_seconds += ts - tv
-            new, done = _commit(tokens, [y], eos, max_tokens, stats)
+            step = loop.speculate() if loop.queued is None else None
+            r, new, hidden = step or loop.decode()
+            policy.update(r)
+            new, done = _commit(loop.tokens, new, eos, max_tokens, stats)
+            r.emitted = len(new)
+            stats.record(r)
             if on_round is not None:
-                on_round(RoundInfo(stats.rounds, 0, 0, 0, len(new), 0.0, ts - tv, 0.0))
+                on_round(r)
             if new:
                 yield new
             if done:
                 return
-            if waiting is not None:
-                # greedy drafts stay valid if the decode confirmed the first one
-                carried = waiting[1:] if decider.cfg.greedy and waiting[0] == y else []
-                waiting = None
-            if proposer is not None:
-                proposer.update(tokens, 0, 0, queued.hidden)
-            queued, t_queued = following, ts
-            if queued is not None and proposer is not None and not proposer.uses_target_cache:
-                tp = time.perf_counter()
-                waiting_key = draft_key()
-                k = next_k(waiting_key)
-                if k > 0:  # drafts end the chain: speculation resumes after the queued decode
-                    waiting = proposer.propose(tokens, k)[:k] or None
-                stats.propose_seconds += time.perf_counter() - tp
+            loop.after(r, hidden)
             if stats.rounds % CLEAR_CACHE_EVERY == 0:
                 mx.clear_cache()
     finally:
         stats.decode_seconds = time.perf_counter() - t_start
         # Leave the cache holding exactly the committed tokens but the last.
-        extra = rt.offset - (len(tokens) - 1)
+        extra = rt.offset - (len(loop.tokens) - 1)
         if extra > 0:
             rt.trim(extra)
+
+
+def _prefill(rt: Runtime, prompt: list[int], capture: Sequence[int]) -> dict[int, mx.array]:
+    """Prefill all but the last prompt token (fed by the first round); returns
+    the captured hidden states."""
+    if len(prompt) < 2:
+        return {}
+    fwd = rt.prefill(prompt[:-1], logits="none", capture_layers=capture)
+    mx.eval(rt.state(), list(fwd.hidden.values()))
+    return fwd.hidden
+
+
+@dataclass
+class _Queued:
+    """A single-token decode in flight: ``token`` is its (lazy) next token."""
+
+    token: mx.array
+    hidden: dict[int, mx.array]
+    since: float  # when it could start running: a chained decode starts when its predecessor ends
+
+
+Step = tuple[Round, list[int], dict[int, Any]]
+
+
+class _Loop:
+    """The state between rounds of one generation, and its two kinds of round.
+
+    A *verify round* drafts and verifies ``[last, d1..dK]`` in one forward.
+    A *decode round* reads one queued single-token decode. Decode rounds are
+    pipelined as in mlx-lm: the next decode is queued before the current
+    token is read back, so graph building overlaps the forward. When the
+    proposer drafts during such a stretch (``early``), the queued decode's
+    token is committed first and speculation starts from the next round,
+    with the drafts the decode confirmed (``ready``), so no forward is wasted.
+
+    Invariant between rounds: the cache holds every committed token but the
+    last (``rt.offset == len(tokens) - 1``) plus, if ``queued``, the last.
+    """
+
+    def __init__(self, rt, proposer, policy, decider, prompt, max_tokens, stats):
+        self.rt, self.proposer, self.policy, self.decider = rt, proposer, policy, decider
+        self.capture = tuple(proposer.capture_layers)
+        self.tokens = list(prompt)
+        self.max_tokens, self.stats = max_tokens, stats
+        self.queued: _Queued | None = None
+        self.early: tuple[Hashable, Draft] | None = None  # drafted while a decode ran
+        self.ready: tuple[Hashable, Draft] | None = None  # early drafts the decode confirmed
+        self.propose_seconds = 0.0  # drafting time not yet charged to a round
+
+    # -- choosing drafts -------------------------------------------------------
+    def _key(self) -> Hashable:
+        return self.proposer.draft_key(self.tokens) if self.proposer.active else None
+
+    def _next_k(self, key: Hashable) -> int:
+        if not self.proposer.active:
+            return 0
+        return min(self.policy.next_k(key), self.max_tokens - self.stats.generated_tokens - 1)
+
+    def _propose(self, key: Hashable) -> tuple[int, Draft]:
+        k = self._next_k(key)
+        return k, (self.proposer.propose(self.tokens, k) if k > 0 else Draft()).head(k)
+
+    # -- rounds ----------------------------------------------------------------
+    def speculate(self) -> Step | None:
+        """A verify round; with nothing drafted, queue a decode and return None."""
+        t0 = time.perf_counter()
+        if self.ready is not None:
+            (key, draft), self.ready = self.ready, None
+            k = self._next_k(key)
+            draft = draft.head(k)
+        else:
+            key = self._key()
+            k, draft = self._propose(key)
+        tv = time.perf_counter()
+        self.propose_seconds += tv - t0
+        if not draft:
+            self.queued = self._queue(self.tokens[-1], 0, since=tv)
+            return None
+        fwd = self.rt.verify([self.tokens[-1], *draft.tokens], capture_layers=self.capture)
+        mx.eval(fwd.logits)
+        ts = time.perf_counter()
+        n, t = self.decider.verify(fwd.logits, self.tokens, draft.tokens, draft.probs)
+        self.rt.trim(len(draft) - n)
+        te = time.perf_counter()
+        r = Round(k=k, drafted=len(draft), accepted=n, key=key, cost_seconds=ts - t0,
+                  propose_seconds=self._take_propose_seconds(), verify_seconds=ts - tv,
+                  sample_seconds=te - ts)  # fmt: skip
+        return r, draft.tokens[:n] + [t], fwd.hidden
+
+    def decode(self) -> Step:
+        """A decode round: queue the next decode if the pipeline allows, then
+        read the queued one's token."""
+        tv = time.perf_counter()
+        q = self.queued
+        following = self._queue(q.token, 1, since=0.0) if self._may_chain() else None
+        y = q.token.item()
+        ts = time.perf_counter()
+        if following is not None:
+            following.since = ts
+        self.queued = following
+        r = Round(cost_seconds=ts - q.since, propose_seconds=self._take_propose_seconds(),
+                  verify_seconds=ts - tv)  # fmt: skip
+        return r, [y], q.hidden
+
+    def after(self, r: Round, hidden: dict[int, Any]) -> None:
+        """Once a round's tokens are committed: confirm early drafts, update the
+        proposer, and draft early while a decode is in flight."""
+        if self.early is not None:
+            (key, draft), self.early = self.early, None
+            # greedy drafts stay valid if the decode confirmed the first one
+            if self.decider.cfg.greedy and draft.tokens[0] == self.tokens[-1] and len(draft) > 1:
+                self.ready = (key, draft.tail())
+        self.proposer.update(self.tokens, r.drafted, r.accepted, hidden)
+        if self.queued is not None and not self.proposer.uses_target_cache:
+            t0 = time.perf_counter()
+            key = self._key()
+            _, draft = self._propose(key)
+            self.early = (key, draft) if draft else None  # drafts end the chain
+            self.propose_seconds += time.perf_counter() - t0
+
+    # -- helpers ---------------------------------------------------------------
+    def _queue(self, token: int | mx.array, ahead: int, since: float) -> _Queued:
+        """Queue a single-token forward of ``token`` (``ahead`` positions after
+        the last committed token); its next token is computed lazily."""
+        fwd = self.rt.decode(token, capture_layers=self.capture)
+        y = self.decider.next_token(fwd.logits[-1], self.tokens, ahead)
+        mx.async_eval(y)
+        return _Queued(y, fwd.hidden, since)
+
+    def _may_chain(self) -> bool:
+        """Whether the next decode may be queued before this one is read. The
+        first token is read before anything else is queued: on backends whose
+        async_eval blocks on a full queue (MLX's CPU), chaining there would
+        delay it by a whole decode."""
+        done = self.stats.generated_tokens
+        chain = self.early is None and 0 < done < self.max_tokens - 1 and not self.decider.needs_context
+        if chain and self.proposer.uses_target_cache:
+            chain = self._next_k(self._key()) == 0  # it must draft from the cache at the last token
+        return chain
+
+    def _take_propose_seconds(self) -> float:
+        seconds, self.propose_seconds = self.propose_seconds, 0.0
+        return seconds
 
 
 def _commit(

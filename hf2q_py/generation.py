@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from .config import GenerationConfig, SpecConfig
 from .sampling import SamplingConfig, make_decider
-from .engine import RoundInfo, generate_tokens
+from .engine import generate_tokens
 from .errors import Hf2qError
 from .methods import build_proposer
 from .stats import GenerationStats
@@ -80,7 +80,7 @@ def stream_generate(
     target: Target,
     prompt: str | Sequence[int],
     *,
-    on_round: Callable[[RoundInfo], None] | None = None,
+    on_round: Callable[[Round], None] | None = None,
     config: GenerationConfig | None = None,
     **options: Any,
 ) -> Iterator[GenerationChunk]:
@@ -89,7 +89,7 @@ def stream_generate(
     Options (or a ``GenerationConfig``): ``max_tokens`` (default 256),
     ``stop``, ``chat_template``, and the ``SpecConfig`` fields (``method``,
     ``k``, ``adaptive``, ``ngram_min``, ``ngram_max``, ...). Greedy decoding.
-    ``on_round`` receives a ``RoundInfo`` per round (profiling); each chunk
+    ``on_round`` receives a ``Round`` per round (profiling); each chunk
     carries the live ``GenerationStats``, complete once the stream ends.
     """
     if config is not None and options:
@@ -104,7 +104,7 @@ def _stream(
     ids: list[int],
     config: GenerationConfig,
     stats: GenerationStats,
-    on_round: Callable[[RoundInfo], None] | None,
+    on_round: Callable[[Round], None] | None,
 ) -> Iterator[GenerationChunk]:
     sampling = config.sampling
     seeded = sampling is not None and not sampling.greedy and sampling.seed is not None
@@ -166,7 +166,7 @@ def generate(
     *,
     max_tokens: int = 256,
     method: str = "baseline",
-    on_round: Callable[[RoundInfo], None] | None = None,
+    on_round: Callable[[Round], None] | None = None,
     **options: Any,
 ) -> GenerationResult:
     """Generate a completion; returns tokens, text and statistics.

@@ -5,19 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from .config import SpecConfig
-from .draft_length import AdaptiveK, FixedK
-from .proposers.base import Proposer
+from .draft_length import AdaptiveK, FixedK, NoDrafts
+from .proposers.base import PlainDecoding, Proposer
 from .target import Target
 
 
 def build_proposer(
     target: Target, spec: SpecConfig, *, seeded_sampling: bool = False
-) -> tuple[Proposer | None, FixedK | AdaptiveK | None]:
+) -> tuple[Proposer, FixedK | AdaptiveK | NoDrafts]:
     """``seeded_sampling``: the run must repeat exactly, so a proposer that
     drafts from distributions gets a K that does not depend on timings."""
     spec.validate()
     if spec.method == "baseline":
-        return None, None
+        return PlainDecoding(), NoDrafts()
     timed = not (seeded_sampling and spec.method in ("draft", "layerskip", "dflash"))
     k = spec.draft_length
     policy = AdaptiveK(k, timed=timed) if spec.adaptive else FixedK(k)
@@ -28,19 +28,19 @@ def build_proposer(
     if spec.method == "draft":
         from .proposers.draft_model import DraftModelProposer, check_compatible
 
-        draft = spec.draft if isinstance(spec.draft, Target) else _load_draft(spec.draft)
+        draft = spec.draft if isinstance(spec.draft, Target) else _load_draft(target, spec.draft)
         check_compatible(target, draft)
         return DraftModelProposer(draft, spec.draft_p_min), policy
     if spec.method == "dflash":
         from .proposers.dflash import DFlashProposer, resolve_drafter
 
-        if isinstance(spec.drafter, (str, Path)):  # a folder: load once per process
-            key = ("dflash", str(spec.drafter))
-            if key not in _draft_cache:
-                _draft_cache[key] = resolve_drafter(spec.drafter, target)
-            drafter = resolve_drafter(_draft_cache[key], target)
-        else:
-            drafter = resolve_drafter(spec.drafter, target)
+        drafter = spec.drafter
+        if isinstance(drafter, (str, Path)):  # a folder: loaded once per target
+            key = ("dflash", str(drafter))
+            if key not in target.remembered:
+                target.remembered[key] = resolve_drafter(drafter, target)
+            drafter = target.remembered[key]
+        drafter = resolve_drafter(drafter, target)
         return DFlashProposer(target, drafter), policy
     from .proposers.layer_skip import LayerSkipProposer
 
@@ -48,14 +48,11 @@ def build_proposer(
     return LayerSkipProposer(target, skip, k_max=k), policy
 
 
-_draft_cache: dict = {}
-
-
-def _load_draft(source) -> Target:
-    """Load (once per process) a draft model given as a path or repo id."""
+def _load_draft(target: Target, source) -> Target:
+    """A draft model given as a path or repo id, loaded once per target."""
     from .loaders import load
 
-    key = str(source)
-    if key not in _draft_cache:
-        _draft_cache[key] = load(source)
-    return _draft_cache[key]
+    key = ("draft", str(source))
+    if key not in target.remembered:
+        target.remembered[key] = load(source)
+    return target.remembered[key]

@@ -3,7 +3,35 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Hashable
+
+
+@dataclass
+class Round:
+    """One round after prefill, as the statistics, the draft-length policy and
+    the ``on_round`` profiling hook see it.
+
+    A round is one target forward: a single-token decode (``drafted`` 0) or a
+    batched verify of ``drafted + 1`` tokens. ``cost_seconds`` is the wall
+    time the draft-length policy charges to it (drafting included; for a
+    pipelined decode, from the moment it could start running).
+    """
+
+    index: int = 0
+    k: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    key: Hashable = None
+    cost_seconds: float = 0.0
+    propose_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    sample_seconds: float = 0.0
+
+    @property
+    def forward_tokens(self) -> int:
+        """Tokens the round's target forward fed: the last token plus the drafts."""
+        return self.drafted + 1
 
 
 @dataclass
@@ -57,8 +85,14 @@ class GenerationStats:
     def prefill_tokens_per_second(self) -> float:
         return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
 
-    def record_round(self, drafted: int, accepted: int) -> None:
+    def record(self, r: Round) -> None:
+        """Count one round (numbered here: ``r.index`` is set)."""
         self.rounds += 1
+        r.index = self.rounds
+        self.propose_seconds += r.propose_seconds
+        self.verify_seconds += r.verify_seconds
+        self.sample_seconds += r.sample_seconds
+        drafted, accepted = r.drafted, r.accepted
         if drafted == 0:
             self.empty_proposals += 1
             return

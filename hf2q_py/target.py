@@ -10,7 +10,7 @@ same forward. All results are lazy MLX arrays.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Hashable, Sequence
 
 
 import mlx.core as mx
@@ -42,6 +42,10 @@ class Target:
         self._decoder = find_decoder(model)
         #: Token ids that end generation (from the tokenizer; may be replaced).
         self.eos_token_ids: set[int] = set(tokenizer.eos_token_ids) if tokenizer is not None else set()
+        #: What generations on this target keep for later ones: draft models and
+        #: DFlash drafters loaded from a path, layer skip's measured choice.
+        #: ``target.remembered.clear()`` forgets them (and frees the models).
+        self.remembered: dict[Hashable, Any] = {}
 
     @classmethod
     def from_mlx_lm(cls, model: Any, tokenizer: Any = None) -> "Target":

@@ -15,6 +15,7 @@ from hf2q_py.cli import main
 from hf2q_py.dflash.model import TargetHead, check_against_target, drafter_for, load_drafter, save_drafter
 from hf2q_py.dflash.train import TrainConfig, accepted_lengths, block_batch, TrainSequence, target_features, train
 from hf2q_py.errors import Hf2qError, ModelLoadError
+from hf2q_py.proposers.base import Draft
 from hf2q_py.proposers.dflash import DFlashProposer
 
 
@@ -101,10 +102,10 @@ class OracleDFlash(DFlashProposer):
 
     def propose(self, tokens, k):
         self.check(tokens)
-        drafts = super().propose(tokens, k)
+        drafts = super().propose(tokens, k).tokens
         n = len(tokens)
         right = self.truth[n : n + self.good]
-        return (right + drafts[len(right) :])[: len(drafts)]
+        return Draft((right + drafts[len(right) :])[: len(drafts)])
 
     def check(self, tokens):
         """The drafter has seen every committed position but the last."""

@@ -114,10 +114,9 @@ def test_layer_skip_auto_is_lossless_and_remembers_its_choice(monkeypatch):
     target = tiny_target("llama", scale=1.0)
     prompt = random_prompt(12)
     want = baseline(target, prompt, 60)
-    LayerSkipProposer._memory.clear()
     r = hf2q_py.generate(target, prompt, max_tokens=60, method="layerskip", skip_layers="auto", k=4)
     assert_same_greedy(target.model, prompt, r.tokens, want)
-    assert len(LayerSkipProposer._memory) == 1  # calibrated once ...
+    assert LayerSkipProposer.MEMORY_KEY in target.remembered  # calibrated once ...
     again = LayerSkipProposer(target, "auto")
     assert again.trials == []  # ... and the next run starts with the choice
 
@@ -126,7 +125,6 @@ def test_auto_drops_untried_the_skip_sets_that_could_not_pay():
     target = tiny_target("llama", scale=1.0)
     prompt = random_prompt(12)
     want = baseline(target, prompt, 30)
-    LayerSkipProposer._memory.clear()
     hopeless = LayerSkipProposer(target, "auto", optimistic_acceptance=0.0)
     assert hopeless.trials  # candidates to try, until the prompt is in ...
     stats = GenerationStats()

@@ -5,6 +5,7 @@ import pytest
 
 from hf2q_py.draft_length import AdaptiveK, FixedK
 from hf2q_py.errors import Hf2qError
+from hf2q_py.stats import Round
 
 DECODE_S = 0.1
 
@@ -21,7 +22,7 @@ def play(policy, accepted_of, rounds: int, key=None) -> list[int]:
         k = policy.next_k(key)
         ks.append(k)
         n = accepted_of(k) if k else 0
-        policy.update(k + 1, seconds(k + 1), k, n, key)
+        policy.update(Round(drafted=k, accepted=n, key=key, cost_seconds=seconds(k + 1)))
     return ks
 
 

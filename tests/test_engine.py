@@ -8,7 +8,7 @@ import hf2q_py
 from hf2q_py.draft_length import FixedK
 from hf2q_py.engine import generate_tokens
 from hf2q_py.errors import Hf2qError
-from hf2q_py.proposers.base import Proposer
+from hf2q_py.proposers.base import Draft, Proposer
 from hf2q_py.stats import GenerationStats
 
 
@@ -79,7 +79,7 @@ class OracleProposer(Proposer):
 
     def propose(self, tokens, k):
         i = len(tokens) - self.n
-        return self.future[i : i + k]
+        return Draft(self.future[i : i + k])
 
 
 def run_engine(target, prompt, proposer, max_tokens, eos=()):

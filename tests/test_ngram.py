@@ -47,18 +47,18 @@ def test_matches_brute_force(tokens, min_n, extra, k):
 def test_incremental_index_equals_a_fresh_lookup(tokens, cuts):
     """Growing the context round by round gives the same drafts as rebuilding."""
     proposer = NgramProposer(1, 3)
-    proposer.start(None, tokens[:1], {})
+    proposer.start(None, tokens[:1], {}, None)
     end = 1
     for c in cuts:
         end = min(len(tokens), end + c)
-        assert proposer.propose(tokens[:end], 4) == brute_force(tokens[:end], 1, 3, 4)
+        assert proposer.propose(tokens[:end], 4).tokens == brute_force(tokens[:end], 1, 3, 4)
 
 
 def test_a_rewritten_history_is_reindexed():
     proposer = NgramProposer(1, 2)
-    proposer.start(None, [1, 2, 1], {})
-    assert proposer.propose([1, 2, 1], 2) == [2, 1]
-    assert proposer.propose([3, 4, 3], 2) == [4, 3]
+    proposer.start(None, [1, 2, 1], {}, None)
+    assert proposer.propose([1, 2, 1], 2).tokens == [2, 1]
+    assert proposer.propose([3, 4, 3], 2).tokens == [4, 3]
 
 
 @pytest.mark.parametrize("min_n, max_n", [(0, 3), (3, 2), (-1, 1)])

@@ -1,8 +1,32 @@
-"""The one interface every draft source implements."""
+"""The one interface every draft source implements, and the record it returns."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence
+
+import mlx.core as mx
+
+
+@dataclass
+class Draft:
+    """Draft tokens for one round. ``probs``: the (len(tokens), vocab)
+    distributions they were drawn from, or None for point masses (argmax
+    drafts, n-gram copies)."""
+
+    tokens: list[int] = field(default_factory=list)
+    probs: mx.array | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def head(self, k: int) -> Draft:
+        """The first ``k`` drafts."""
+        return Draft(self.tokens[:k], None if self.probs is None else self.probs[:k])
+
+    def tail(self) -> Draft:
+        """All drafts but the first (what stays valid once the first is confirmed)."""
+        return Draft(self.tokens[1:], None if self.probs is None else self.probs[1:])
 
 
 class Proposer:
@@ -10,10 +34,10 @@ class Proposer:
 
     The engine calls ``start`` once after prefill, then per round
     ``draft_key(tokens)`` (to choose K), ``propose(tokens, k)`` with every
-    committed token so far (prompt included), and ``update`` after
-    verification with how many of the drafts were accepted. ``capture_layers`` names target layers whose hidden states
-    the proposer wants; the engine captures them in the target's own forwards
-    and passes them to ``start`` and ``update``.
+    committed token so far (prompt included), and ``update`` after each round
+    with how many drafts were accepted. ``capture_layers`` names target layers
+    whose hidden states the proposer wants; the engine captures them in the
+    target's own forwards and passes them to ``start`` and ``update``.
     """
 
     name = "proposer"
@@ -21,12 +45,6 @@ class Proposer:
     #: True when drafting runs on the target's own KV cache (layer skip): the
     #: engine then never proposes while a target decode is in flight.
     uses_target_cache = False
-    #: Set by the engine before ``start``: how tokens are chosen (greedy or
-    #: sampling); proposers that draft with a model use ``decider.draft_token``.
-    decider = None
-    #: After ``propose``: the (K, vocab) distributions the drafts were drawn
-    #: from, or None for point masses (argmax drafts, n-gram copies).
-    draft_probs = None
 
     @property
     def active(self) -> bool:
@@ -39,11 +57,13 @@ class Proposer:
         depth); adaptive K keeps acceptance statistics per class. None: one class."""
         return None
 
-    def start(self, runtime: Any, prompt: Sequence[int], hidden: dict[int, Any]) -> None:
-        """Called once, after the prompt (all but its last token) was prefilled."""
+    def start(self, runtime: Any, prompt: Sequence[int], hidden: dict[int, Any], decider: Any) -> None:
+        """Called once, after the prompt (all but its last token) was prefilled.
+        ``decider`` chooses tokens (greedy or sampling): proposers that draft
+        with a model draw with ``decider.draft_token``."""
 
-    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
-        """Up to ``k`` (>= 1) draft tokens to follow ``tokens``; [] for none."""
+    def propose(self, tokens: Sequence[int], k: int) -> Draft:
+        """Up to ``k`` (>= 1) draft tokens to follow ``tokens``; an empty Draft for none."""
         raise NotImplementedError
 
     def update(
@@ -52,3 +72,16 @@ class Proposer:
         """After a round: ``tokens`` now holds every committed token; ``hidden``
         the captured states of the round's target forward (positions of the
         inputs, accepted ones first)."""
+
+
+class PlainDecoding(Proposer):
+    """No drafts: the engine decodes one token per round (the baseline)."""
+
+    name = "baseline"
+
+    @property
+    def active(self) -> bool:
+        return False
+
+    def propose(self, tokens: Sequence[int], k: int) -> Draft:
+        return Draft()

@@ -12,7 +12,7 @@ import mlx.core as mx
 from ..dflash.model import Drafter, TargetHead, check_against_target, load_drafter
 from ..errors import Hf2qError
 from ..target import Target
-from .base import Proposer
+from .base import Draft, Proposer
 
 
 def resolve_drafter(drafter: Any, target: Target) -> Drafter:
@@ -59,12 +59,13 @@ class DFlashProposer(Proposer):
         feats = mx.concatenate([hidden[i] for i in self.capture_layers], axis=-1)
         self.pending.append(feats if rows is None else feats[:, :rows])
 
-    def start(self, runtime, prompt: Sequence[int], hidden: dict[int, mx.array]) -> None:
+    def start(self, runtime, prompt: Sequence[int], hidden: dict[int, mx.array], decider) -> None:
+        self.decider = decider
         self.cache = self.drafter.make_cache()
         self.pending = []
         self._add(hidden)
 
-    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+    def propose(self, tokens: Sequence[int], k: int) -> Draft:
         n = min(k, self.cfg.block_size - 1)
         feats = None
         if self.pending:
@@ -78,9 +79,7 @@ class DFlashProposer(Proposer):
             y, q = self.decider.draft_token(logits[i], tokens, i)
             steps.append(y)
             dists.append(q)
-        drafts = mx.stack(steps).tolist()
-        self.draft_probs = mx.stack(dists) if dists[0] is not None else None
-        return drafts
+        return Draft(mx.stack(steps).tolist(), mx.stack(dists) if dists[0] is not None else None)
 
     def update(self, tokens, drafted: int, accepted: int, hidden: dict[int, mx.array]) -> None:
         self._add(hidden, accepted + 1)

@@ -10,7 +10,7 @@ import mlx.core as mx
 
 from ..errors import Hf2qError
 from ..target import Target
-from .base import Proposer
+from .base import Draft, Proposer
 
 
 def check_compatible(target: Target, draft: Target) -> None:
@@ -45,7 +45,8 @@ class DraftModelProposer(Proposer):
         self.cached: list[int] = []  # tokens whose K/V are in the draft's cache
         self.synced = 0  # cached[:synced] are known to be committed tokens
 
-    def start(self, runtime, prompt: Sequence[int], hidden) -> None:
+    def start(self, runtime, prompt: Sequence[int], hidden, decider) -> None:
+        self.decider = decider
         self.rt = self.draft.runtime()
         self.cached = []
         if len(prompt) > 1:
@@ -68,7 +69,7 @@ class DraftModelProposer(Proposer):
         self.synced = len(tokens)
         return list(tokens[n:])
 
-    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+    def propose(self, tokens: Sequence[int], k: int) -> Draft:
         feed = self._sync(tokens)
         logits = self.rt.forward(feed, logits="last").logits[-1]
         self.cached.extend(feed)
@@ -93,10 +94,10 @@ class DraftModelProposer(Proposer):
             if self.p_min > 0 and confidence[-1].item() < self.p_min:
                 steps.pop()
         drafts = mx.stack(steps).tolist() if steps else []
-        self.draft_probs = mx.stack(dists[: len(drafts)]) if drafts and dists[0] is not None else None
+        probs = mx.stack(dists[: len(drafts)]) if drafts and dists[0] is not None else None
         # keep in the draft cache only the drafts that were fed and are returned
         fed = self.rt.offset - len(self.cached)
         keep = min(fed, len(drafts))
         self.rt.trim(fed - keep)
         self.cached.extend(drafts[:keep])
-        return drafts
+        return Draft(drafts, probs)

@@ -8,9 +8,7 @@ draft positions is trimmed off again before verification.
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 from typing import Sequence
 
 import mlx.core as mx
@@ -19,9 +17,8 @@ from mlx.utils import tree_flatten
 from ..errors import Hf2qError
 from ..taps import check_skippable, find_decoder
 from ..target import Target
-from .base import Proposer
+from .base import Draft, Proposer
 
-CACHE_FILE = Path.home() / ".cache" / "hf2q-py" / "layerskip.json"
 MARGIN = 1.05  # a skip set is kept only if it beats plain decoding by this factor
 
 
@@ -120,13 +117,13 @@ class LayerSkipProposer(Proposer):
     every draft of a 6-layer middle skip while copying code) are dropped
     untried, from their share of the weights against a verify timed right
     after prefill; when none is left there is no calibration.
-    The choice is remembered per model (in memory, and on disk for models
-    loaded from a file).
+    The choice is remembered on the target (``target.remembered``), so later
+    generations with ``auto`` start from it.
     """
 
     name = "layerskip"
     uses_target_cache = True
-    _memory: dict[str, list[int] | None] = {}
+    MEMORY_KEY = ("layerskip", "auto")
 
     def __init__(
         self,
@@ -140,14 +137,12 @@ class LayerSkipProposer(Proposer):
         self.target = target
         self.rt = None
         n = target.num_layers
-        self.key = f"{target.source}|{n}|{target.model.layers[0].__class__.__module__}"
         self.skip: list[int] | None
         # auto: plain decoding first (the yardstick), then each candidate
         self.trials: list[list[int] | None] = []
         if skip == "auto":
-            known = self._recall()
-            if known != "unknown":
-                self.skip = known
+            if self.MEMORY_KEY in target.remembered:
+                self.skip = target.remembered[self.MEMORY_KEY]
             else:
                 self.trials = [None, *auto_candidates(n)]
                 self.skip = None
@@ -163,29 +158,8 @@ class LayerSkipProposer(Proposer):
         self._t_last = 0.0
 
     # -- auto calibration ------------------------------------------------------
-    def _recall(self):
-        if self.key in self._memory:
-            return self._memory[self.key]
-        if not self.target.source.startswith("<") and CACHE_FILE.is_file():
-            try:
-                data = json.loads(CACHE_FILE.read_text())
-                if self.key in data:
-                    return data[self.key]
-            except (OSError, ValueError):
-                pass
-        return "unknown"
-
     def _remember(self, skip: list[int] | None) -> None:
-        self._memory[self.key] = skip
-        if self.target.source.startswith("<"):
-            return
-        try:
-            CACHE_FILE.parent.mkdir(parents=True, exist_ok=True)
-            data = json.loads(CACHE_FILE.read_text()) if CACHE_FILE.is_file() else {}
-            data[self.key] = skip
-            CACHE_FILE.write_text(json.dumps(data, indent=1))
-        except (OSError, ValueError):
-            pass
+        self.target.remembered[self.MEMORY_KEY] = skip
 
     def _account(self, committed: int, seconds: float) -> None:
         """Measure the skip set on trial: a candidate is dropped after its first
@@ -244,16 +218,17 @@ class LayerSkipProposer(Proposer):
         if not kept:
             self._remember(None)
 
-    def start(self, runtime, prompt, hidden) -> None:
+    def start(self, runtime, prompt, hidden, decider) -> None:
+        self.decider = decider
         self.rt = runtime
         if self.trials:
             self._prune(prompt[-1])
         self._t_last = time.perf_counter()
         self._last_len = len(prompt)
 
-    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+    def propose(self, tokens: Sequence[int], k: int) -> Draft:
         if self.skip is None:
-            return []
+            return Draft()
         if self.rt.offset != len(tokens) - 1:
             raise RuntimeError("layer-skip drafting needs the target cache at the last committed token")
         y = mx.array(tokens[-1], dtype=mx.uint32)
@@ -264,10 +239,9 @@ class LayerSkipProposer(Proposer):
             steps.append(y)
             dists.append(q)
             mx.async_eval(y)
-        drafts = mx.stack(steps).tolist()
-        self.draft_probs = mx.stack(dists) if dists[0] is not None else None
+        draft = Draft(mx.stack(steps).tolist(), mx.stack(dists) if dists[0] is not None else None)
         self.rt.trim(k, self.skip)  # remove every draft position before verification
-        return drafts
+        return draft
 
     def update(self, tokens, drafted, accepted, hidden) -> None:
         now = time.perf_counter()

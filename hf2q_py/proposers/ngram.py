@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..errors import Hf2qError
-from .base import Proposer
+from .base import Draft, Proposer
 
 
 class NgramIndex:
@@ -92,7 +92,7 @@ class NgramProposer(Proposer):
             self._found = self.index.find(max_depth=16)
         return self._found
 
-    def start(self, runtime, prompt, hidden) -> None:
+    def start(self, runtime, prompt, hidden, decider) -> None:
         self.index.truncate(0)
         self._found = None
         self._sync(prompt)
@@ -103,9 +103,9 @@ class NgramProposer(Proposer):
         depth = self._sync(tokens)[1]
         return depth if depth < 4 else 4 if depth < 8 else 8 if depth < 16 else 16
 
-    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+    def propose(self, tokens: Sequence[int], k: int) -> Draft:
         end, depth = self._sync(tokens)
-        return self.index.tokens[end : end + k] if depth else []
+        return Draft(self.index.tokens[end : end + k] if depth else [])
 
 
 def propose_ngram(tokens: Sequence[int], min_n: int, max_n: int, k: int) -> list[int]:
