@@ -107,3 +107,20 @@ def write_vocab(writer, meta: dict) -> None:
     writer.add_add_eos_token(meta.get("tokenizer.ggml.add_eos_token", False))
     if "tokenizer.ggml.add_space_prefix" in meta:
         writer.add_add_space_prefix(meta["tokenizer.ggml.add_space_prefix"])
+
+
+def bpe_metadata() -> dict:
+    """A byte-level BPE vocabulary (``gpt2``): the 256 byte symbols, two merges, an EOS."""
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    alphabet = sorted(ByteLevel.alphabet())
+    tokens = ["<|endoftext|>"] + alphabet + ["ab", "abc"]
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [3] + [1] * (len(tokens) - 1),
+        "tokenizer.ggml.merges": ["a b", "ab c"],
+        "tokenizer.ggml.bos_token_id": 0,
+        "tokenizer.ggml.eos_token_id": 0,
+    }

@@ -122,7 +122,7 @@ def gguf_config(header: GGUFHeader) -> dict[str, Any]:
         cfg["final_logit_softcapping"] = get("final_logit_softcapping", 30.0)
     if spec.model_type == "gemma3_text":
         cfg["sliding_window"] = get("attention.sliding_window", 512)
-        cfg["sliding_window_pattern"] = get("attention.sliding_window_pattern", 6)
+        cfg["sliding_window_pattern"] = _sliding_pattern(get("attention.sliding_window_pattern", 6), n_layers)
     scaling = _rope_scaling(header)
     if scaling is not None:
         cfg["rope_scaling"] = scaling
@@ -136,6 +136,16 @@ def _per_layer(value: Any, key: str) -> int:
             raise UnsupportedModelError(f"GGUF {key} varies per layer ({sorted(set(value))}); not supported")
         return value[0]
     return value
+
+
+def _sliding_pattern(value: Any, n_layers: int) -> int:
+    """mlx-lm's period (every n-th layer global) from an int or per-layer flags (true: sliding)."""
+    if not isinstance(value, list):
+        return int(value)
+    period = value.index(False) + 1 if False in value else n_layers + 1
+    if value != [(i + 1) % period != 0 for i in range(len(value))]:
+        raise UnsupportedModelError(f"GGUF sliding-window layer pattern {value} is not periodic; not supported")
+    return period
 
 
 def _rope_scaling(header: GGUFHeader) -> dict[str, Any] | None:
