@@ -67,3 +67,26 @@ def test_k_quant_blocks_read_as_their_encoded_values(tmp_path, qtype, make):
     assert header.tensors["blk.0.ffn_down.weight"].shape == (2, 512)
     got = np.array(read_tensors(header)["blk.0.ffn_down.weight"])
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"])
+def test_mlx_decoders_equal_the_gguf_packages_numpy_ones(name):
+    """Random blocks (with finite float16 scales) decode alike in both."""
+    from gguf.quants import dequantize as numpy_dequantize
+
+    from hf2q_py.loaders.gguf_dequant import DECODERS
+    from hf2q_py.loaders.gguf_file import TensorInfo
+
+    qtype = Q[name]
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (6, size), dtype=np.uint8)
+    scale_at = {"Q6_K": [208]}.get(name, [0, 2] if name in ("Q4_1", "Q5_1", "Q4_K", "Q5_K") else [0])
+    for at in scale_at:
+        raw[:, at : at + 2] = rng.uniform(-0.05, 0.05, (6, 1)).astype(np.float16).view(np.uint8)
+    info = TensorInfo("t", (2, 3 * block), int(qtype), 0, raw.size)
+    from hf2q_py.loaders.gguf_dequant import dequantize
+
+    got = np.array(dequantize(raw.reshape(-1), info))
+    want = numpy_dequantize(raw.reshape(2, -1), qtype)
+    assert name in DECODERS
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)

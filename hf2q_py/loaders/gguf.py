@@ -8,6 +8,7 @@ before any tensor data is read. Q4_0/Q4_1/Q8_0 tensors can stay quantized
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -113,15 +114,7 @@ def _dequantize_all(
     return out
 
 
-def load_gguf(path: Path, dtype: mx.Dtype | None) -> Target:
-    """Load a GGUF file; ``dtype`` None keeps 4/8-bit weights quantized."""
-    path = Path(path)
-    if not path.is_file():
-        raise ModelLoadError(f"{path}: no such file")
-    header, spec, cfg = plan_gguf(path)
-    from .gguf_tokenizer import tokenizer_from_gguf
-
-    tokenizer = tokenizer_from_gguf(header.metadata)
+def _load_model(header: GGUFHeader, spec: ArchSpec, cfg: dict[str, Any], dtype: mx.Dtype | None):
     tensors = read_tensors(header)
     weights, bits = convert_weights(tensors, cfg, spec)
     if dtype is not None or not bits:
@@ -133,4 +126,20 @@ def load_gguf(path: Path, dtype: mx.Dtype | None) -> Target:
     model = _build(cfg, weights, bits)
     apply_rope_freqs(model, tensors, cfg)
     mx.eval(model.parameters())
+    return model
+
+
+def load_gguf(path: Path, dtype: mx.Dtype | None) -> Target:
+    """Load a GGUF file; ``dtype`` None keeps 4/8-bit weights quantized."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: no such file")
+    header, spec, cfg = plan_gguf(path)
+    from .gguf_tokenizer import tokenizer_from_gguf
+
+    # The tokenizer (Python and Rust) builds while MLX reads and converts the tensors.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        tokenizer_job = pool.submit(tokenizer_from_gguf, header.metadata)
+        model = _load_model(header, spec, cfg, dtype)
+        tokenizer = tokenizer_job.result()
     return Target(to_dtype(model, dtype), tokenizer, source=str(path))

@@ -191,8 +191,8 @@ _FLOAT_TYPES = {"F32": "<f4", "F16": "<f2"}
 
 def read_tensors(header: GGUFHeader) -> dict[str, "mx.array"]:
     """Every tensor, each read once: through ``mx.load`` when it reads all of
-    the file's types (quantized ones stay quantized), otherwise memory-mapped
-    and dequantized to float32."""
+    the file's types (quantized ones stay quantized), otherwise memory-mapped,
+    copied and dequantized to float32 (lazily, by MLX where it can)."""
     import mlx.core as mx
 
     path = header.path
@@ -209,9 +209,9 @@ def read_tensors(header: GGUFHeader) -> dict[str, "mx.array"]:
         for info in header.tensors.values():
             raw = np.frombuffer(buf, np.uint8, info.nbytes, info.offset)
             if info.type_name in _FLOAT_TYPES:
-                data = raw.view(_FLOAT_TYPES[info.type_name]).reshape(info.shape)
+                value = mx.array(raw.view(_FLOAT_TYPES[info.type_name]).reshape(info.shape), dtype=mx.float32)
             else:
-                data = dequantize(raw, info)
-            out[info.name] = mx.array(data, dtype=mx.float32)
-            del raw, data
+                value = dequantize(raw, info)
+            out[info.name] = value
+            del raw
     return out
