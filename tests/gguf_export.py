@@ -40,6 +40,7 @@ EXPORTS = {
     "mistral": ("llama", dict(_BASE, model_type="llama", head_dim=32, tie_word_embeddings=False)),
     "qwen2": ("qwen2", dict(_BASE, model_type="qwen2", tie_word_embeddings=False)),
     "qwen3": ("qwen3", dict(_BASE, model_type="qwen3", head_dim=16, tie_word_embeddings=True)),
+    "phi3": ("phi3", dict(_BASE, model_type="phi3", tie_word_embeddings=False)),
     "gemma2": ("gemma2", dict(
         _GEMMA, model_type="gemma2", query_pre_attn_scalar=32, attn_logit_softcapping=50.0,
         final_logit_softcapping=30.0,
@@ -61,6 +62,7 @@ _LAYER = {
     "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
     "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",
 }
 _LLAMA_NORMS = {"post_attention_layernorm": "ffn_norm"}
 _GEMMA_NORMS = {

@@ -33,6 +33,14 @@ _GEMMA_NORMS = {
     "post_ffw_norm": "post_feedforward_layernorm",
 }
 _PRE_MLP_NORM = {"ffn_norm": "post_attention_layernorm"}
+_PHI3 = {  # fused q/k/v rows and fused [gate; up] rows, as in the checkpoint
+    "attn_qkv": "self_attn.qkv_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_up": "mlp.gate_up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    **_PRE_MLP_NORM,
+}
 #: Tensors that carry no weights of their own in mlx-lm (handled in the config).
 _CONFIG_TENSORS = ("rope_freqs.weight",)
 
@@ -53,6 +61,7 @@ ARCHS: dict[str, ArchSpec] = {
     "llama": ArchSpec("llama", {**_COMMON, **_PRE_MLP_NORM}, permuted_qk=True),
     "qwen2": ArchSpec("qwen2", {**_COMMON, **_PRE_MLP_NORM}),
     "qwen3": ArchSpec("qwen3", {**_COMMON, **_PRE_MLP_NORM, **_QK_NORM}),
+    "phi3": ArchSpec("phi3", _PHI3),
     "gemma2": ArchSpec(
         "gemma2", {**_COMMON, **_GEMMA_NORMS}, norm_plus_one=True, scaled_query_layers=46
     ),
@@ -159,7 +168,7 @@ def _rope_scaling(header: GGUFHeader) -> dict[str, Any] | None:
         return {"rope_type": "llama3", "factor": 1.0}
     if kind in (None, "none"):
         return None
-    if kind == "linear":
+    if kind == "linear" and header.architecture != "phi3":
         return {"rope_type": "linear", "factor": float(header.arch_key("rope.scaling.factor", 1.0))}
     raise UnsupportedModelError(f"{header.path.name}: GGUF rope scaling {kind!r} is not supported (only linear and llama3)")
 
