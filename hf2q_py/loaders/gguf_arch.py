@@ -96,7 +96,9 @@ def gguf_config(header: GGUFHeader) -> dict[str, Any]:
     """The mlx-lm config dict for this file (from metadata and the tensor directory)."""
     spec = arch_spec(header)
     get = header.arch_key
-    hidden, heads, n_layers = get("embedding_length"), get("attention.head_count"), get("block_count")
+    name = header.path.name
+    hidden, n_layers = get("embedding_length"), get("block_count")
+    heads = _per_layer(get("attention.head_count"), "attention.head_count", name)
     head_dim = get("attention.key_length") or hidden // heads
     tokens = header.metadata.get("tokenizer.ggml.tokens") or []
     embed = header.tensors.get("token_embd.weight")
@@ -104,9 +106,9 @@ def gguf_config(header: GGUFHeader) -> dict[str, Any]:
         "model_type": spec.model_type,
         "num_hidden_layers": n_layers,
         "hidden_size": hidden,
-        "intermediate_size": _per_layer(get("feed_forward_length"), "feed_forward_length"),
-        "num_attention_heads": _per_layer(heads, "attention.head_count"),
-        "num_key_value_heads": _per_layer(get("attention.head_count_kv", heads), "attention.head_count_kv"),
+        "intermediate_size": _per_layer(get("feed_forward_length"), "feed_forward_length", name),
+        "num_attention_heads": heads,
+        "num_key_value_heads": _per_layer(get("attention.head_count_kv", heads), "attention.head_count_kv", name),
         "head_dim": head_dim,
         "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-6),
         "vocab_size": get("vocab_size") or (embed.shape[0] if embed else len(tokens)),
@@ -118,7 +120,7 @@ def gguf_config(header: GGUFHeader) -> dict[str, Any]:
     rope_dims = get("rope.dimension_count")
     if rope_dims is not None and rope_dims != head_dim:
         raise UnsupportedModelError(
-            f"{header.path.name}: partial rotary embeddings ({rope_dims} of {head_dim} dims) are not supported"
+            f"{name}: partial rotary embeddings ({rope_dims} of {head_dim} dims) are not supported"
         )
     if spec.scaled_query_layers is not None:
         big = n_layers == spec.scaled_query_layers  # llama.cpp scales that one size by hidden/heads
@@ -131,29 +133,29 @@ def gguf_config(header: GGUFHeader) -> dict[str, Any]:
         cfg["final_logit_softcapping"] = get("final_logit_softcapping", 30.0)
     if spec.model_type == "gemma3_text":
         cfg["sliding_window"] = get("attention.sliding_window", 512)
-        cfg["sliding_window_pattern"] = _sliding_pattern(get("attention.sliding_window_pattern", 6), n_layers)
+        cfg["sliding_window_pattern"] = _sliding_pattern(get("attention.sliding_window_pattern", 6), n_layers, name)
     scaling = _rope_scaling(header)
     if scaling is not None:
         cfg["rope_scaling"] = scaling
     return cfg
 
 
-def _per_layer(value: Any, key: str) -> int:
+def _per_layer(value: Any, key: str, file: str) -> int:
     """Per-layer lists (as some GGUFs write) must be uniform for mlx-lm's models."""
     if isinstance(value, list):
         if len(set(value)) != 1:
-            raise UnsupportedModelError(f"GGUF {key} varies per layer ({sorted(set(value))}); not supported")
+            raise UnsupportedModelError(f"{file}: GGUF {key} varies per layer ({sorted(set(value))}); not supported")
         return value[0]
     return value
 
 
-def _sliding_pattern(value: Any, n_layers: int) -> int:
+def _sliding_pattern(value: Any, n_layers: int, file: str) -> int:
     """mlx-lm's period (every n-th layer global) from an int or per-layer flags (true: sliding)."""
     if not isinstance(value, list):
         return int(value)
     period = value.index(False) + 1 if False in value else n_layers + 1
     if value != [(i + 1) % period != 0 for i in range(len(value))]:
-        raise UnsupportedModelError(f"GGUF sliding-window layer pattern {value} is not periodic; not supported")
+        raise UnsupportedModelError(f"{file}: GGUF sliding-window layer pattern {value} is not periodic; not supported")
     return period
 
 
