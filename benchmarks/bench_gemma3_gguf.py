@@ -35,13 +35,11 @@ def gemma3_path() -> str:
     return str(parts.assemble())
 
 
-def long_prompt(words: int = 520) -> str:
-    """Repetitive, code-like text well past 512 tokens (n-gram drafts find matches)."""
-    lines = [f"def handler_{i}(request):\n    return respond(request, status={200 + i % 3})\n" for i in range(40)]
-    text = "\n".join(lines)
-    while len(text.split()) < words:
-        text += "\n" + "\n".join(lines)
-    return text
+def long_prompt(handlers: int = 20) -> str:
+    """Code-like text of ~22 tokens per handler (about 440 with the default)
+    that stops inside a new function, so the answer runs on past 512 tokens."""
+    lines = [f"def handler_{i}(request):\n    return respond(request, status={200 + i % 3})\n" for i in range(handlers)]
+    return "\n".join(lines) + f"\ndef handler_{handlers}(request):\n"
 
 
 def timed_load(source: str | None):
@@ -59,13 +57,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gguf", default=None, help="path of the Gemma 3 GGUF (default: assembled from the wheels)")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens generated for the tok/s figure")
-    ap.add_argument("--ab-tokens", type=int, default=96, help="tokens generated per A/B method")
+    ap.add_argument("--ab-tokens", type=int, default=128, help="tokens generated per A/B method")
     ap.add_argument("--skip-ab", action="store_true")
+    ap.add_argument("--only-ab", action="store_true", help="skip the load/speed table")
     args = ap.parse_args()
     path = args.gguf or gemma3_path()
 
-    builtin, builtin_load = timed_load(None)
     gemma, gemma_load = timed_load(path)
+    if not args.only_ab:
+        table_rows(gemma, gemma_load, args.max_tokens)
+    if not args.skip_ab:
+        ab(gemma, path, args.ab_tokens)
+
+
+def table_rows(gemma, gemma_load: float, max_tokens: int) -> None:
+    builtin, builtin_load = timed_load(None)
     _, answer = decode_rate(gemma, CAPITALS, 8)
     print(f"gemma3 continues {CAPITALS!r} with {answer!r}")
     if "Berlin" not in answer:
@@ -76,21 +82,21 @@ def main() -> None:
     for name, target, load_s in (("SmolLM2-135M-Instruct Q4_1 (built-in)", builtin, builtin_load),
                                  ("Gemma 3 270M Q4_K_M", gemma, gemma_load)):
         decode_rate(target, story, 8)  # warm-up
-        rate, _ = decode_rate(target, story, args.max_tokens)
+        rate, _ = decode_rate(target, story, max_tokens)
         rows.append(f"| {name} | {load_s:.1f} | {rate:.1f} |")
     print("\n| model (float32, CPU) | load s | decode tok/s |\n|---|---|---|")
     print("\n".join(rows))
-    if args.skip_ab:
-        return
 
+
+def ab(gemma, path: str, ab_tokens: int) -> None:
     text = long_prompt()
     ids = encode_prompt(gemma, text, chat_template=False)
-    print(f"\nA/B prompt: {len(ids)} tokens + {args.ab_tokens} generated (sliding window 512)")
+    print(f"\nA/B prompt: {len(ids)} tokens + up to {ab_tokens} generated (sliding window 512)")
     draft, _ = timed_load(path)  # the model as its own draft: a separate cache
     methods = [("ngram", dict(method="ngram", k=4)),
                ("draft", dict(method="draft", draft=draft, k=4)),
                ("layerskip", dict(method="layerskip", skip_layers="auto", k=4))]
-    results, noise = run_ab(gemma, [(text, ids)], methods, max_tokens=args.ab_tokens)
+    results, noise = run_ab(gemma, [(text, ids)], methods, max_tokens=ab_tokens)
     print(table(results))
     print(f"near-tie bound {noise.bound:.3g} over {noise.positions} positions")
     if any(r.verdict == "MISMATCH" for r in results):

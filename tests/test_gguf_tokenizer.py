@@ -85,6 +85,13 @@ def test_control_tokens_are_special_and_user_defined_ones_are_not():
     assert tok.eos_token_ids == {2}
 
 
+def test_end_of_turn_control_tokens_also_end_generation():
+    meta = spm_metadata(True)
+    meta["tokenizer.ggml.tokens"] = list(meta["tokenizer.ggml.tokens"])
+    meta["tokenizer.ggml.tokens"][3] = "<end_of_turn>"  # a control token
+    assert tokenizer_from_gguf(meta).eos_token_ids == {2, 3}
+
+
 def test_merges_rank_pieces_by_score_then_id():
     tokens = ["a", "b", "c", "ab", "bc", "abc"]
     scores = [0.0, 0.0, 0.0, -2.0, -1.0, -3.0]

@@ -17,6 +17,9 @@ from .gguf_file import GGUFHeader
 
 CONTROL, USER_DEFINED = 3, 4
 KINDS = ("gpt2", "llama")
+#: Control tokens that end a chat turn; generation stops at them as at EOS
+#: (files often name only the end-of-text EOS, e.g. Gemma's ``<eos>``).
+END_OF_TURN = ("<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|end|>")
 #: Whether a BOS token is added when the file does not say (llama.cpp's defaults).
 _ADD_BOS_DEFAULT = {"gpt2": False, "llama": True}
 
@@ -102,4 +105,5 @@ def tokenizer_from_gguf(meta: dict[str, Any]):
     if template:
         hf.chat_template = template
     eos_ids = [meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in meta]
+    eos_ids += [i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == CONTROL and t in END_OF_TURN]
     return TokenizerWrapper(hf, detokenizer, eos_token_ids=eos_ids)
