@@ -48,11 +48,12 @@ ARCHS = tuple(CONFIGS)
 SLIDING = ("gemma3_text", "gemma4_text", "gemma4_text_moe")
 
 
-def tiny_model(arch: str, seed: int = 0, scale: float = 1.0):
-    """A float32 mlx-lm model with random weights (``scale`` sharpens logits)."""
+def tiny_model(arch: str | dict, seed: int = 0, scale: float = 1.0):
+    """A float32 mlx-lm model with random weights (``scale`` sharpens logits);
+    ``arch`` names one of CONFIGS or is a config dict."""
     from mlx_lm.utils import _get_classes
 
-    cfg = dict(CONFIGS[arch])
+    cfg = dict(CONFIGS[arch] if isinstance(arch, str) else arch)
     model_cls, args_cls = _get_classes(cfg)
     mx.random.seed(seed)
     model = model_cls(args_cls.from_dict(cfg))

