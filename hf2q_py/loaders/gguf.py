@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ..errors import ModelLoadError, UnsupportedModelError
+from ..errors import ModelLoadError, UnsupportedModelError, one_line
 from ..target import Target
 from .convert import to_dtype
 
@@ -219,7 +219,7 @@ def _build(cfg: dict[str, Any], weights: dict[str, mx.array], bits: dict[str, in
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
-        raise ModelLoadError(f"GGUF tensors do not fit the {cfg['model_type']} model: {e}") from e
+        raise ModelLoadError(f"GGUF tensors do not fit the {cfg['model_type']} model: {one_line(e)}") from e
     return model
 
 
