@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from .errors import Hf2qError
@@ -22,21 +21,22 @@ def read_text(path: str | Path, what: str = "file") -> str:
 
 
 def check_writable(path: str | Path, what: str = "output file") -> None:
-    """Refuse, before any work, an output path that cannot be written: a
-    folder, a file without write permission, or a missing or read-only parent
-    folder. (An existing file named as output is replaced.)"""
+    """Refuse, before any work, an output path that cannot be written (a
+    folder, a missing or read-only folder, no permission): the file is opened
+    for appending, which changes nothing in an existing file, and a file that
+    did not exist is removed again. (An existing file named as output is
+    replaced when the run ends.)"""
     p = Path(path)
     if p.is_dir():
         raise Hf2qError(f"{what} {path} is a folder")
-    if p.exists():
-        if not os.access(p, os.W_OK):
-            raise Hf2qError(f"{what} {path} is not writable")
-        return
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise Hf2qError(f"cannot write {what} {path}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise Hf2qError(f"cannot write {what} {path}: folder {parent} is not writable")
+    existed = p.exists()
+    try:
+        with open(p, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        raise Hf2qError(f"cannot write {what} {path}: {e.strerror or e}") from None
+    if not existed:
+        p.unlink(missing_ok=True)
 
 
 def write_text(path: str | Path, text: str, what: str = "output file") -> None:

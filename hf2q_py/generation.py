@@ -196,11 +196,11 @@ def _stream(
                 yield GenerationChunk(text[sent:], kept, stats)
                 return
             # hold back what a stop string might still claim: its text and its tokens
-            safe = len(text) - hold if stops else len(text)
+            safe = max(sent, len(text) - hold) if stops else len(text)
             ready = [t for t, start in pending if start < safe or not stops]
             pending = pending[len(ready):]
             yield GenerationChunk(text[sent:safe], ready, stats)
-            sent = max(sent, safe)
+            sent = safe
         if detok is not None:
             detok.finalize()
             text += detok.last_segment
