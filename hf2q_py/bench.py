@@ -26,11 +26,14 @@ class MethodSpec:
 _BOOL = {"fixed": ("adaptive", False), "adaptive": ("adaptive", True)}
 _INT = ("k", "ngram_min", "ngram_max")
 _FLOAT = ("draft_p_min",)
+_STR = ("draft", "drafter", "skip_layers")
 
 
 def parse_method(text: str) -> MethodSpec:
-    """``name[:key=value,flag,...]``: keys are SpecConfig fields
-    (``k``, ``ngram_min``, ``ngram_max``, ``draft``, ...); flags ``fixed``/``adaptive``."""
+    """``name[:key=value,flag,...]``: keys are the per-method ``SpecConfig``
+    fields ``k``, ``ngram_min``, ``ngram_max``, ``draft_p_min``, ``draft``,
+    ``drafter``, ``skip_layers``; flags ``fixed``/``adaptive``. Sampling
+    options apply to every method alike (``--temp``, ``--seed``)."""
     name, _, rest = text.partition(":")
     options: dict[str, Any] = {"method": name.strip()}
     for item in filter(None, (x.strip() for x in rest.split(","))):
@@ -39,11 +42,16 @@ def parse_method(text: str) -> MethodSpec:
             options[key] = value
             continue
         key, eq, value = item.partition("=")
-        key = key.replace("-", "_")
+        key = key.strip().replace("-", "_")
         if not eq:
-            raise Hf2qError(f"bad method option {item!r} in {text!r}: use key=value")
+            raise Hf2qError(f"bad method option {item!r} in {text!r}: use key=value, fixed or adaptive")
+        if key not in _INT + _FLOAT + _STR:
+            raise Hf2qError(
+                f"unknown method option {key!r} in {text!r}: use {', '.join(_INT + _FLOAT + _STR)}, "
+                "fixed or adaptive (sampling is set for all methods with --temp and --seed)"
+            )
         try:
-            options[key] = int(value) if key in _INT else float(value) if key in _FLOAT else value
+            options[key] = int(value) if key in _INT else float(value) if key in _FLOAT else value.strip()
         except ValueError:
             raise Hf2qError(f"bad value for {key} in {text!r}: {value!r}") from None
     return MethodSpec(text, options)

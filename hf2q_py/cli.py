@@ -8,7 +8,9 @@ import os
 import sys
 from typing import Sequence
 
-from .errors import Hf2qError
+from .errors import Hf2qError, one_line
+from .files import check_writable, read_text, write_text
+from .validate import check_unicode
 
 _NO_OPENBLAS_BOOT = (
     "import sys, warnings; "
@@ -69,7 +71,7 @@ def spec_options(args: argparse.Namespace) -> dict:
         repetition_penalty=args.repetition_penalty,
     )
     if args.method == "draft":
-        options["draft"] = args.draft_model
+        options["draft"] = args.draft_model  # the path is checked; the CLI loads it with --dtype
     if args.method == "layerskip":
         options["skip_layers"] = args.skip_layers
     if args.method == "dflash":
@@ -81,18 +83,21 @@ def read_prompt(args: argparse.Namespace) -> str:
     if args.prompt is not None and args.prompt_file is not None:
         raise Hf2qError("give --prompt or --prompt-file, not both")
     if args.prompt_file is not None:
-        try:
-            with open(args.prompt_file, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            raise Hf2qError(f"cannot read prompt file {args.prompt_file}: {e.strerror}") from None
+        text = read_text(args.prompt_file, "prompt file")
     elif args.prompt is not None:
         text = args.prompt
     else:
         raise Hf2qError("give a prompt with --prompt TEXT or --prompt-file FILE")
+    check_unicode(text)
     if not text.strip():
         raise Hf2qError("the prompt is empty")
     return text
+
+
+def check_drafter_folder(path: str | None) -> None:
+    """A --drafter that is not a folder is refused before any model loads."""
+    if path is not None and not os.path.isdir(os.path.expanduser(path)):
+        raise Hf2qError(f"--drafter {path}: no such folder")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -146,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train-dflash", help="train a DFlash block drafter for a model by self-distillation")
     t.add_argument("--target", default=None, help="target model (as --model); default: the built-in model")
     t.add_argument("--dtype", default="auto", help="target dtype (as for generate)")
-    t.add_argument("--out", required=True, help="drafter folder to write (and resume from)")
+    t.add_argument("--out", required=True, help="drafter folder to write (and resume from); must be new, empty or an earlier train-dflash run")
+    t.add_argument("--overwrite", action="store_true", help="start a new run in --out, deleting its config.json, *.safetensors and earlier run state")
     t.add_argument("--prompts", default=None, help="prompt file (JSONL or one per line); default: built-in code-editing set")
     t.add_argument("--samples", type=_positive_int, default=240, help="prompts the target answers for training data")
     t.add_argument("--max-new-tokens", type=_positive_int, default=256, help="length of each answer")
@@ -171,10 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_train_dflash(args: argparse.Namespace) -> int:
     import hf2q_py
     from hf2q_py.dflash.data import default_prompts, read_prompts, self_distill
-    from hf2q_py.dflash.train import TrainConfig, data_path, train
+    from hf2q_py.dflash.train import TrainConfig, prepare_out, run_record, train
+    from hf2q_py.loaders import check_source
+    from hf2q_py.loaders.convert import parse_dtype
 
     layer_ids = None
-    if args.target_layers:
+    if args.target_layers is not None:
         try:
             layer_ids = [int(x) for x in args.target_layers.split(",") if x.strip()]
         except ValueError:
@@ -183,17 +191,22 @@ def cmd_train_dflash(args: argparse.Namespace) -> int:
         out=args.out, layers=args.layers, block_size=args.block_size, target_layer_ids=layer_ids,
         mask_token_id=args.mask_token_id, samples=args.samples, max_new_tokens=args.max_new_tokens,
         steps=args.steps, anchors=args.anchors, lr=args.lr, holdout=args.holdout, eval_every=args.eval_every,
-        ce_positions=None if args.ce_positions < 0 else args.ce_positions, hidden_weight=args.hidden_weight,
+        ce_positions=None if args.ce_positions == -1 else args.ce_positions, hidden_weight=args.hidden_weight,
         checkpoint_every=args.checkpoint_every, seed=args.seed, max_minutes=args.max_minutes,
+        overwrite=args.overwrite,
     )
     cfg.validate()
+    parse_dtype(args.dtype)
+    check_source(args.target)
     prompts = read_prompts(args.prompts) if args.prompts else default_prompts(args.samples, seed=args.seed)
     if len(prompts) < args.samples:
         raise Hf2qError(f"--samples {args.samples} but only {len(prompts)} prompts")
-    data = data_path(cfg)  # checks --out before the slow model load
+    prompts = prompts[: args.samples]
+    data = prepare_out(cfg, run_record(args.target, prompts, args.max_new_tokens))  # before the slow load
     target = hf2q_py.load(args.target, dtype=args.dtype)
+    cfg.check_target(target)  # before the slow data generation
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    rows = self_distill(target, prompts[: args.samples], data, max_new_tokens=args.max_new_tokens, log=log)
+    rows = self_distill(target, prompts, data, max_new_tokens=args.max_new_tokens, log=log)
     train(target, cfg, rows, log=log)
     print(f"drafter written to {args.out} (use: hf2q-py generate --method dflash --drafter {args.out})")
     return 0
@@ -209,17 +222,37 @@ def split_methods(text: str) -> list[str]:
 def cmd_bench(args: argparse.Namespace) -> int:
     import hf2q_py
     from hf2q_py.bench import markdown_table, parse_method, run_bench, save_chart, timestamp
+    from hf2q_py.generation import make_config
+    from hf2q_py.loaders import check_source
+    from hf2q_py.loaders.convert import parse_dtype
     from hf2q_py.workloads import default_workloads
 
     methods = [parse_method(m) for m in split_methods(args.methods) if m != "baseline"]
     if not methods:
         raise Hf2qError("--methods names no method to compare with the baseline")
+    common = {"temperature": args.temp, "seed": args.seed} if args.temp != 0 else {}
+    for m in methods:  # every option is checked before the model loads
+        make_config(max_tokens=args.max_tokens, **common, **m.options)
+        if "draft" in m.options:
+            check_source(m.options["draft"])
+        check_drafter_folder(m.options.get("drafter"))
     workloads = [w for w in default_workloads() if args.only is None or args.only in w.name]
     if not workloads:
         raise Hf2qError(f"no workload matches --only {args.only!r}")
+    for path, what in ((args.markdown, "--markdown file"), (args.chart, "--chart file")):
+        if path:
+            check_writable(path, what)
+    parse_dtype(args.dtype)
+    check_source(args.model)
     target = hf2q_py.load(args.model, dtype=args.dtype)
+    drafts = {}
+    for m in methods:  # draft models load with --dtype, once each
+        src = m.options.get("draft")
+        if isinstance(src, str):
+            if src not in drafts:
+                drafts[src] = hf2q_py.load(src, dtype=args.dtype)
+            m.options["draft"] = drafts[src]
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    common = {"temperature": args.temp, "seed": args.seed} if args.temp > 0 else {}
     rows = run_bench(target, workloads, methods, max_tokens=args.max_tokens, repeats=args.repeats,
                      common=common, log=log)
     table = markdown_table(rows)
@@ -230,8 +263,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(header)
     print(table)
     if args.markdown:
-        with open(args.markdown, "w", encoding="utf-8") as f:
-            f.write(header + "\n" + table + "\n")
+        write_text(args.markdown, header + "\n" + table + "\n", "--markdown file")
     if args.chart and not save_chart(rows, args.chart):
         print("hf2q-py: matplotlib is not installed; no chart written (pip install 'hf2q-py[chart]')", file=sys.stderr)
     return 0
@@ -240,15 +272,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     prompt = read_prompt(args)
     import hf2q_py
-    from hf2q_py.generation import encode_prompt
+    from hf2q_py.generation import encode_prompt, make_config
+    from hf2q_py.loaders import check_source
+    from hf2q_py.loaders.convert import parse_dtype
 
-    target = hf2q_py.load(args.model, dtype=args.dtype)
-    options = dict(
+    # every option is checked before the model loads
+    config = make_config(
         max_tokens=args.max_tokens,
         stop=tuple(args.stop),
         chat_template=not args.no_chat_template,
         **spec_options(args),
     )
+    parse_dtype(args.dtype)
+    check_source(args.model)
+    if args.method == "draft":
+        check_source(args.draft_model)
+    if args.method == "dflash":
+        check_drafter_folder(args.drafter)
+    target = hf2q_py.load(args.model, dtype=args.dtype)
+    if args.method == "draft":
+        config.spec.draft = hf2q_py.load(args.draft_model, dtype=args.dtype)
+    ids = encode_prompt(target, prompt, config.chat_template)
     on_round = None
     if args.profile:
 
@@ -261,7 +305,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             )
 
     if args.json:
-        result = hf2q_py.generate(target, prompt, on_round=on_round, **options)
+        result = hf2q_py.generate(target, ids, on_round=on_round, config=config)
         print(
             json.dumps(
                 {
@@ -275,8 +319,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         )
         return 0
     stats = None
-    ids = encode_prompt(target, prompt, options["chat_template"])
-    for chunk in hf2q_py.stream_generate(target, ids, on_round=on_round, **options):
+    for chunk in hf2q_py.stream_generate(target, ids, on_round=on_round, config=config):
         sys.stdout.write(chunk.text)
         sys.stdout.flush()
         stats = chunk.stats
@@ -289,15 +332,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def read_ab_prompts(args: argparse.Namespace) -> list[str]:
     prompts = list(args.prompt)
     if args.prompt_file:
-        try:
-            prompts.append(open(args.prompt_file, encoding="utf-8").read())
-        except OSError as e:
-            raise Hf2qError(f"cannot read prompt file {args.prompt_file}: {e.strerror}") from None
+        prompts.append(read_text(args.prompt_file, "prompt file"))
     if args.prompts:
-        try:
-            lines = open(args.prompts, encoding="utf-8").read().splitlines()
-        except OSError as e:
-            raise Hf2qError(f"cannot read prompts file {args.prompts}: {e.strerror}") from None
+        lines = read_text(args.prompts, "prompts file").splitlines()
         for n, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -308,34 +345,54 @@ def read_ab_prompts(args: argparse.Namespace) -> list[str]:
             text = item.get("prompt") if isinstance(item, dict) else item
             if not isinstance(text, str):
                 raise Hf2qError(f'{args.prompts}:{n}: expected a string or {{"prompt": "..."}}')
+            check_unicode(text, f"{args.prompts}:{n}: the prompt")
             prompts.append(text)
     if not prompts:
         from hf2q_py.workloads import default_workloads
 
         prompts = [w.prompt for w in default_workloads()]
+    for p in prompts:
+        check_unicode(p)
     if any(not p.strip() for p in prompts):
         raise Hf2qError("a prompt is empty")
     return prompts
 
 
+AB_METHODS = ("ngram", "draft", "layerskip", "dflash", "mlx-lm-draft")
+
+
 def cmd_ab(args: argparse.Namespace) -> int:
     import hf2q_py
     from hf2q_py.ab import run_ab, table
+    from hf2q_py.config import check_skip_layers
+    from hf2q_py.draft_length import validate_k
     from hf2q_py.generation import encode_prompt
+    from hf2q_py.loaders import check_source
+    from hf2q_py.loaders.convert import parse_dtype
 
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
-    known = {"ngram", "draft", "layerskip", "dflash", "mlx-lm-draft"}
     for m in names:
-        if m not in known:
-            raise Hf2qError(f"unknown method {m!r} for ab; choose from {', '.join(sorted(known))}")
+        if m not in AB_METHODS:
+            raise Hf2qError(f"unknown method {m!r} for ab; choose from {', '.join(sorted(AB_METHODS))}")
     if not names:
         raise Hf2qError("--methods is empty")
+    validate_k(args.k)
     needs_draft = {"draft", "mlx-lm-draft"} & set(names)
     if needs_draft and not args.draft_model:
         raise Hf2qError(f"{', '.join(sorted(needs_draft))} needs --draft-model")
     if "dflash" in names and not args.drafter:
         raise Hf2qError("dflash needs --drafter")
+    if "layerskip" in names:
+        check_skip_layers(args.skip_layers)
     prompts = read_ab_prompts(args)
+    if args.markdown:
+        check_writable(args.markdown, "--markdown file")
+    parse_dtype(args.dtype)
+    check_source(args.model)
+    if needs_draft:
+        check_source(args.draft_model)
+    if "dflash" in names:
+        check_drafter_folder(args.drafter)
     target = hf2q_py.load(args.model, dtype=args.dtype)
     draft = hf2q_py.load(args.draft_model, dtype=args.dtype) if needs_draft else None
     methods = []
@@ -350,6 +407,10 @@ def cmd_ab(args: argparse.Namespace) -> int:
             methods.append((m, dict(method="dflash", drafter=args.drafter, k=args.k)))
         else:
             methods.append((m, dict(draft=draft, k=args.k)))
+    if draft is not None:
+        from hf2q_py.proposers.draft_model import check_compatible
+
+        check_compatible(target, draft)  # mlx-lm-draft too: it has no check of its own
     encoded = [(p, encode_prompt(target, p, not args.no_chat_template)) for p in prompts]
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     results, noise = run_ab(target, encoded, methods, max_tokens=args.max_tokens, log=log)
@@ -368,8 +429,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
         print()
         print(summary)
     if args.markdown:
-        with open(args.markdown, "w", encoding="utf-8") as f:
-            f.write(text + "\n\n" + summary + "\n")
+        write_text(args.markdown, text + "\n\n" + summary + "\n", "--markdown file")
     return 1 if mismatches else 0
 
 
@@ -386,11 +446,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except Hf2qError as e:
-        print(f"hf2q-py: error: {e}", file=sys.stderr)
+        print(f"hf2q-py: error: {one_line(e, limit=1000)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        print("hf2q-py: interrupted", file=sys.stderr)
         return 130
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 from .draft_length import validate_k
 from .errors import Hf2qError
+from .target import Target
+from .validate import check_bool, check_float, check_int
 from .proposers.ngram import validate_ngram
 from .sampling import SamplingConfig
 
@@ -38,9 +41,13 @@ class SpecConfig:
             raise Hf2qError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
         if self.k is not None:
             validate_k(self.k)
+        check_bool("adaptive", self.adaptive)
         validate_ngram(self.ngram_min, self.ngram_max)
-        if not 0.0 <= self.draft_p_min < 1.0:
-            raise Hf2qError(f"draft-p-min must be in [0, 1), got {self.draft_p_min}")
+        check_float("draft-p-min", self.draft_p_min, 0.0, 1.0, hi_open=True)
+        if self.skip_layers is not None:
+            check_skip_layers(self.skip_layers)
+        if self.draft is not None and not isinstance(self.draft, (str, Path, Target)):
+            raise Hf2qError(f"draft must be a Target or a model path, got {type(self.draft).__name__}")
         if self.method == "draft" and self.draft is None:
             raise Hf2qError("method 'draft' needs a draft model (draft=... / --draft-model)")
         if self.method == "dflash" and self.drafter is None:
@@ -50,6 +57,35 @@ class SpecConfig:
     def draft_length(self) -> int:
         """``k``, or the method's default when it is None."""
         return self.k if self.k is not None else DEFAULT_K.get(self.method, 8)
+
+
+SKIP_RECIPES = "auto, alternate, early:N, middle:N or a list like 3,5,7"
+
+
+def _is_number(text: str) -> bool:
+    text = text.strip()
+    return text.isascii() and text.isdigit()
+
+
+def check_skip_layers(spec: Any) -> None:
+    """The layer-skip set's form (its range needs the model: checked at build)."""
+    if isinstance(spec, str):
+        name, colon, arg = spec.partition(":")
+        if spec in ("auto", "alternate"):
+            return
+        if name in ("early", "middle") and colon:
+            if not _is_number(arg) or int(arg) < 1:
+                raise Hf2qError(f"skip recipe {spec!r} needs a layer count >= 1, e.g. {name}:8")
+            return
+        items = [x.strip() for x in spec.split(",") if x.strip()]
+        if not items or not all(_is_number(x) for x in items):
+            raise Hf2qError(f"bad skip layers {spec!r}: use {SKIP_RECIPES}")
+        return
+    if isinstance(spec, (list, tuple)) and spec and all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in spec
+    ):
+        return
+    raise Hf2qError(f"skip layers must be {SKIP_RECIPES} (or a list of layer ids), got {spec!r}")
 
 
 @dataclass
@@ -63,9 +99,22 @@ class GenerationConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
     def validate(self) -> None:
+        if not isinstance(self.sampling, SamplingConfig):
+            raise Hf2qError(f"sampling must be a SamplingConfig, got {type(self.sampling).__name__}")
+        if not isinstance(self.spec, SpecConfig):
+            raise Hf2qError(f"spec must be a SpecConfig, got {type(self.spec).__name__}")
         self.sampling.validate()
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise Hf2qError(f"max-tokens must be an integer >= 1, got {self.max_tokens!r}")
+        check_int("max-tokens", self.max_tokens, 1)
+        if isinstance(self.stop, str) or not all(isinstance(s, str) for s in _iterable(self.stop)):
+            raise Hf2qError(f"stop must be a list of strings, got {self.stop!r}")
         if any(not s for s in self.stop):
             raise Hf2qError("stop strings must not be empty")
+        check_bool("chat_template", self.chat_template)
         self.spec.validate()
+
+
+def _iterable(value: Any) -> Any:
+    try:
+        return iter(value)
+    except TypeError:
+        raise Hf2qError(f"expected a list, got {value!r}") from None

@@ -6,13 +6,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Hashable
 
-from .errors import Hf2qError
 from .stats import Round
+from .validate import check_int
+
+
+#: The largest draft length per round (``--k``): a verify forward feeds K + 1
+#: tokens, and no proposer's drafts stay right for longer than this.
+MAX_K = 256
 
 
 def validate_k(k: int) -> None:
-    if not isinstance(k, int) or k < 1:
-        raise Hf2qError(f"k (draft length) must be an integer >= 1, got {k!r}")
+    check_int("k (draft length)", k, 1, MAX_K)
 
 
 class NoDrafts:
@@ -89,20 +93,31 @@ class AdaptiveK:
         self.hits = [0.0] * self.k_max
         self.keyed: dict[Hashable, tuple[list[float], list[float]]] = {}  # key -> (tried, hits)
 
+    def rates(self, key: Hashable = None) -> list[float]:
+        """Conditional acceptance estimates for draft positions 0..k_max-1; a
+        position barely tried yet borrows the estimate of the one before (one
+        pass, linear in k_max)."""
+        keyed = self.keyed.get(key) if key is not None else None
+        out: list[float] = []
+        pooled = self.prior_rate
+        for i in range(self.k_max):
+            prior = self.prior_rate if i == 0 or self.tried[i] >= 0.5 else pooled
+            pooled = (self.hits[i] + prior * self.prior_weight) / (self.tried[i] + self.prior_weight)
+            if keyed is None:
+                out.append(pooled)
+            else:
+                tried, hits = keyed
+                out.append((hits[i] + pooled * self.key_weight) / (tried[i] + self.key_weight))
+        return out
+
     def rate(self, i: int, key: Hashable = None) -> float:
-        """Conditional acceptance estimate at draft position ``i`` (0-based);
-        a position barely tried yet borrows the estimate of the one before."""
-        prior = self.prior_rate if i == 0 or self.tried[i] >= 0.5 else self.rate(i - 1)
-        pooled = (self.hits[i] + prior * self.prior_weight) / (self.tried[i] + self.prior_weight)
-        if key is None or key not in self.keyed:
-            return pooled
-        tried, hits = self.keyed[key]
-        return (hits[i] + pooled * self.key_weight) / (tried[i] + self.key_weight)
+        """Conditional acceptance estimate at draft position ``i`` (0-based)."""
+        return self.rates(key)[i]
 
     def expected_tokens(self, k: int, key: Hashable = None) -> float:
         total, p = 1.0, 1.0
-        for i in range(k):
-            p *= self.rate(i, key)
+        for r in self.rates(key)[:k]:
+            p *= r
             total += p
         return total
 
@@ -119,9 +134,13 @@ class AdaptiveK:
         return 1.0 + self.prior_slope * (n - 1)
 
     def best_k(self, key: Hashable = None) -> int:
+        """The K with the highest expected tokens per unit cost (linear in k_max)."""
         best, best_rate = 0, 1.0
-        for k in range(1, self.k_max + 1):
-            rate = self.expected_tokens(k, key) / self.cost(k + 1)
+        total, p = 1.0, 1.0
+        for k, r in enumerate(self.rates(key), 1):
+            p *= r
+            total += p
+            rate = total / self.cost(k + 1)
             if rate > best_rate * 1.02:
                 best, best_rate = k, rate
         return best

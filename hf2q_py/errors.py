@@ -1,5 +1,7 @@
 """User-facing errors: the CLI prints these as one line, without a traceback."""
 
+from __future__ import annotations
+
 
 class Hf2qError(Exception):
     """Bad input or an unsupported setup, with a message that names the problem."""
@@ -11,3 +13,10 @@ class ModelLoadError(Hf2qError):
 
 class UnsupportedModelError(Hf2qError):
     """The model's architecture or cache cannot do what was asked."""
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """``text`` (often a library's multi-line message) as one line of at most
+    ``limit`` characters."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -11,7 +11,9 @@ from .engine import generate_tokens
 from .errors import Hf2qError
 from .methods import build_proposer
 from .stats import GenerationStats
+from .validate import check_unicode
 from .target import Target
+from .target import _config_value as target_config_value
 
 _SPEC_FIELDS = {f.name for f in fields(SpecConfig)}
 _SAMPLING_FIELDS = {f.name for f in fields(SamplingConfig)}
@@ -41,25 +43,60 @@ class GenerationResult:
 def encode_prompt(target: Target, prompt: str | Sequence[int], chat_template: bool = True) -> list[int]:
     """Token ids for a prompt: strings go through the chat template when the
     model has one (unless ``chat_template`` is False); id lists pass through."""
+    vocab = target.vocab_size
     if isinstance(prompt, str):
+        check_unicode(prompt)
         if not prompt.strip():
             raise Hf2qError("the prompt is empty")
         tok = target.tokenizer
         if tok is None:
             raise Hf2qError("this model has no tokenizer: pass the prompt as a list of token ids")
         if chat_template and getattr(tok, "has_chat_template", False):
-            return list(
-                tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+            ids = list(tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True))
+        else:
+            ids = list(tok.encode(prompt))
+        if not ids:
+            raise Hf2qError("the prompt encodes to no tokens")
+        if vocab is not None and max(ids) >= vocab:
+            raise Hf2qError(
+                f"the tokenizer gives token id {max(ids)}, outside the model's vocabulary ({vocab})"
             )
-        return list(tok.encode(prompt))
+        return ids
+    if not isinstance(prompt, Sequence) or isinstance(prompt, bytes):
+        raise Hf2qError(f"the prompt must be a string or a list of token ids, got {type(prompt).__name__}")
     ids = list(prompt)
     if not ids:
         raise Hf2qError("the prompt is empty")
-    vocab = target.vocab_size
     for t in ids:
-        if not isinstance(t, int) or t < 0 or (vocab is not None and t >= vocab):
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0 or (vocab is not None and t >= vocab):
             raise Hf2qError(f"prompt token {t!r} is not a token id of this model (vocabulary {vocab})")
     return ids
+
+
+def context_length(target: Target) -> int | None:
+    """The model's maximum sequence length (``max_position_embeddings``), if known."""
+    n = target_config_value(target.model, "max_position_embeddings")
+    return n if isinstance(n, int) and n > 0 else None
+
+
+def check_context(target: Target, ids: Sequence[int], max_tokens: int) -> int:
+    """Refuse a prompt that fills the model's context; returns the number of
+    tokens that still fit (``max_tokens`` or fewer)."""
+    limit = context_length(target)
+    if limit is None:
+        return max_tokens
+    if len(ids) >= limit:
+        raise Hf2qError(
+            f"the prompt has {len(ids)} tokens; this model's context holds {limit}, "
+            "with room for at least one generated token"
+        )
+    return min(max_tokens, limit - len(ids))
+
+
+def make_config(**options: Any) -> GenerationConfig:
+    """A validated ``GenerationConfig`` from keyword options (those of
+    :func:`stream_generate`); checks everything that needs no model."""
+    return _split_options(options)
 
 
 def _split_options(options: dict[str, Any]) -> GenerationConfig:
@@ -94,7 +131,12 @@ def stream_generate(
     """
     if config is not None and options:
         raise Hf2qError("pass either config= or keyword options, not both")
-    config = config or _split_options({"max_tokens": 256, **options})
+    if config is None:
+        config = _split_options({"max_tokens": 256, **options})
+    elif not isinstance(config, GenerationConfig):
+        raise Hf2qError(f"config must be a GenerationConfig, got {type(config).__name__}")
+    else:
+        config.validate()
     ids = encode_prompt(target, prompt, config.chat_template)
     return _stream(target, ids, config, GenerationStats(method=config.spec.method), on_round)
 
@@ -119,7 +161,7 @@ def _stream(
     rounds = generate_tokens(
         target,
         ids,
-        max_tokens=config.max_tokens,
+        max_tokens=check_context(target, ids, config.max_tokens),
         proposer=proposer,
         policy=policy,
         eos_token_ids=target.eos_token_ids,
@@ -127,35 +169,43 @@ def _stream(
         on_round=on_round,
         decider=make_decider(config.sampling),
     )
+    pending: list[tuple[int, int]] = []  # (token, where its text begins) not yet yielded
     try:
         for new in rounds:
             if detok is None:
                 yield GenerationChunk("", new, stats)
                 continue
-            taken: list[int] = []
-            stopped = False
-            for t in new:
-                taken.append(t)
+            stop_at = None
+            for n, t in enumerate(new, 1):
+                pending.append((t, len(text)))
                 detok.add_token(t)
                 text += detok.last_segment
                 if stops:
                     hits = [i for i in (text.find(s, max(0, sent - hold)) for s in stops) if i >= 0]
                     if hits:
-                        text, stopped = text[: min(hits)], True
+                        stop_at = min(hits)
+                        stats.generated_tokens -= len(new) - n
                         break
-            if stopped:
+            if stop_at is not None:
+                # the text ends before the stop string; so do the tokens: those
+                # whose text begins inside it are dropped too
+                text = text[:stop_at]
+                kept = [t for t, start in pending if start < stop_at]
+                stats.generated_tokens -= len(pending) - len(kept)
                 stats.finish_reason = "stop"
-                stats.generated_tokens -= len(new) - len(taken)
-                yield GenerationChunk(text[sent:], taken, stats)
+                yield GenerationChunk(text[sent:], kept, stats)
                 return
-            safe = len(text) - hold if stops else len(text)
-            yield GenerationChunk(text[sent:safe], taken, stats)
-            sent = max(sent, safe)
+            # hold back what a stop string might still claim: its text and its tokens
+            safe = max(sent, len(text) - hold) if stops else len(text)
+            ready = [t for t, start in pending if start < safe or not stops]
+            pending = pending[len(ready):]
+            yield GenerationChunk(text[sent:safe], ready, stats)
+            sent = safe
         if detok is not None:
             detok.finalize()
             text += detok.last_segment
-            if len(text) > sent:
-                yield GenerationChunk(text[sent:], [], stats)
+            if len(text) > sent or pending:
+                yield GenerationChunk(text[sent:], [t for t, _ in pending], stats)
     finally:
         rounds.close()
 
@@ -167,15 +217,23 @@ def generate(
     max_tokens: int = 256,
     method: str = "baseline",
     on_round: Callable[[Round], None] | None = None,
+    config: GenerationConfig | None = None,
     **options: Any,
 ) -> GenerationResult:
     """Generate a completion; returns tokens, text and statistics.
 
     See :func:`stream_generate` for the options.
     """
-    config = _split_options({"max_tokens": max_tokens, "method": method, **options})
+    if config is None:
+        config = make_config(max_tokens=max_tokens, method=method, **options)
+    elif options or max_tokens != 256 or method != "baseline":
+        raise Hf2qError("pass either config= or keyword options, not both")
+    elif not isinstance(config, GenerationConfig):
+        raise Hf2qError(f"config must be a GenerationConfig, got {type(config).__name__}")
+    else:
+        config.validate()
     ids = encode_prompt(target, prompt, config.chat_template)
-    stats = GenerationStats(method=method)
+    stats = GenerationStats(method=config.spec.method)
     tokens: list[int] = []
     text: list[str] = []
     for chunk in _stream(target, ids, config, stats, on_round):

@@ -33,7 +33,10 @@ from typing import Sequence
 
 import mlx.core as mx
 
-from .errors import Hf2qError
+from .validate import check_float, check_int
+
+
+MAX_INVERSE_TEMPERATURE = 1e30  # temperatures below 1e-30 act as 1e-30
 
 
 @dataclass
@@ -49,18 +52,14 @@ class SamplingConfig:
     repetition_context: int = 20
 
     def validate(self) -> None:
-        if not self.temperature >= 0:
-            raise Hf2qError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise Hf2qError(f"top-p must be in (0, 1], got {self.top_p}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise Hf2qError(f"top-k must be an integer >= 0, got {self.top_k!r}")
-        if not 0 <= self.min_p < 1:
-            raise Hf2qError(f"min-p must be in [0, 1), got {self.min_p}")
-        if not self.repetition_penalty > 0:
-            raise Hf2qError(f"repetition penalty must be > 0, got {self.repetition_penalty}")
-        if self.repetition_context < 1:
-            raise Hf2qError(f"repetition context must be >= 1, got {self.repetition_context}")
+        check_float("temperature", self.temperature, 0.0)
+        check_float("top-p", self.top_p, 0.0, 1.0, lo_open=True)
+        check_int("top-k", self.top_k, 0)
+        check_float("min-p", self.min_p, 0.0, 1.0, hi_open=True)
+        check_float("repetition penalty", self.repetition_penalty, 0.0, lo_open=True)
+        check_int("repetition context", self.repetition_context, 1)
+        if self.seed is not None:
+            check_int("seed", self.seed)
 
     @property
     def greedy(self) -> bool:
@@ -86,7 +85,10 @@ def apply_penalty(logits: mx.array, contexts: Sequence[Sequence[int]], cfg: Samp
 
 def filtered_probs(logits: mx.array, cfg: SamplingConfig) -> mx.array:
     """Row-wise distribution after temperature, top-k, min-p and top-p."""
-    x = logits.astype(mx.float32) / cfg.temperature
+    # Scaled after subtracting the maximum, with the factor capped: a tiny
+    # temperature then tends to argmax (ties shared) instead of overflowing to NaN.
+    x = logits.astype(mx.float32)
+    x = (x - x.max(axis=-1, keepdims=True)) * min(1.0 / cfg.temperature, MAX_INVERSE_TEMPERATURE)
     if cfg.top_k and cfg.top_k < x.shape[-1]:
         kth = mx.sort(x, axis=-1)[..., -cfg.top_k][..., None]
         x = mx.where(x < kth, -mx.inf, x)

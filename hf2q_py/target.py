@@ -18,7 +18,7 @@ import mlx.core as mx
 from .cache import DEFAULT_SLACK, cache_state, make_cache, trim_cache
 from .taps import find_decoder, tapped
 
-PREFILL_CHUNK = 2048
+PREFILL_CHUNK = 512  # small enough that Ctrl-C (seen between chunks) answers within seconds
 
 
 @dataclass
@@ -130,7 +130,7 @@ class Runtime:
         capture_layers: Sequence[int] = (),
         capture_final: bool = False,
     ) -> Forward:
-        """Batched forward over many tokens, in chunks of 2048; the cache is
+        """Batched forward over many tokens, in chunks of ``PREFILL_CHUNK`` (512); the cache is
         evaluated between chunks so memory stays bounded. Captured hidden
         states cover every position."""
         tokens = list(tokens)

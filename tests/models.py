@@ -48,12 +48,13 @@ ARCHS = tuple(CONFIGS)
 SLIDING = ("gemma3_text", "gemma4_text", "gemma4_text_moe")
 
 
-def tiny_model(arch: str | dict, seed: int = 0, scale: float = 1.0):
+def tiny_model(arch: str | dict, seed: int = 0, scale: float = 1.0, **overrides):
     """A float32 mlx-lm model with random weights (``scale`` sharpens logits);
-    ``arch`` names one of CONFIGS or is a config dict."""
+    ``arch`` names one of CONFIGS or is a config dict; ``overrides`` change
+    config fields (e.g. ``vocab_size``)."""
     from mlx_lm.utils import _get_classes
 
-    cfg = dict(CONFIGS[arch] if isinstance(arch, str) else arch)
+    cfg = {**(CONFIGS[arch] if isinstance(arch, str) else arch), **overrides}
     model_cls, args_cls = _get_classes(cfg)
     mx.random.seed(seed)
     model = model_cls(args_cls.from_dict(cfg))
@@ -71,8 +72,27 @@ def tiny_model(arch: str | dict, seed: int = 0, scale: float = 1.0):
     return model
 
 
-def tiny_target(arch: str = "llama", seed: int = 0, scale: float = 1.0) -> Target:
-    return Target.from_mlx_lm(tiny_model(arch, seed, scale))
+def tiny_target(arch: str = "llama", seed: int = 0, scale: float = 1.0, *, tokenizer: bool = False,
+                **overrides) -> Target:
+    """A tiny random model; ``tokenizer=True`` adds ``char_tokenizer()``."""
+    return Target.from_mlx_lm(tiny_model(arch, seed, scale, **overrides), char_tokenizer() if tokenizer else None)
+
+
+def char_tokenizer():
+    """A character-level tokenizer for the tiny models, one character per
+    token: printable ASCII is ids 0-94, newline 95, ids 96-126 are the
+    characters U+00A1.., and 127 is "∎", the EOS token."""
+    from mlx_lm.tokenizer_utils import NaiveStreamingDetokenizer, TokenizerWrapper
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    chars += [chr(0xA1 + i) for i in range(VOCAB - 1 - len(chars))] + ["∎"]
+    tok = Tokenizer(models.WordLevel(vocab={c: i for i, c in enumerate(chars)}, unk_token="∎"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="∎")
+    return TokenizerWrapper(hf, NaiveStreamingDetokenizer, eos_token_ids=[VOCAB - 1])
 
 
 def random_prompt(n: int, seed: int = 0) -> list[int]:

@@ -26,8 +26,27 @@ def test_the_near_tie_bound_is_measured_and_small():
     target = tiny_target("gemma4_text")
     noise = near_tie_bound(target, random_prompt(40))
     assert 0.0 <= noise.max_logit_diff < 1e-3
-    assert noise.bound == 2 * noise.max_logit_diff
     assert noise.positions == 40
+
+
+def batched_offset(target, delta):
+    """Make ``target``'s multi-token forwards return logits ``delta`` higher
+    than its single-token ones: a known batched-vs-single difference."""
+    base = type(target.model)
+
+    def call(self, x, *args, **kwargs):
+        out = base.__call__(self, x, *args, **kwargs)
+        return out + delta if x.shape[1] > 1 else out
+
+    target.model.__class__ = type("Offset" + base.__name__, (base,), {"__call__": call})
+    return target
+
+
+def test_the_near_tie_bound_is_twice_a_known_difference():
+    target = batched_offset(tiny_target("llama"), 0.25)
+    noise = near_tie_bound(target, random_prompt(20))
+    assert noise.max_logit_diff == pytest.approx(0.25, abs=1e-4)
+    assert noise.bound == pytest.approx(0.5, abs=2e-4)
 
 
 def test_compare_classifies_by_the_margin_at_the_first_difference():
@@ -44,6 +63,38 @@ def test_compare_classifies_by_the_margin_at_the_first_difference():
     assert fault.divergence.margin == pytest.approx(margin)
     tie = compare(target, prompt, base, tops, wrong, bound=margin * 2, label="x")
     assert tie.verdict == "near-tie"
+
+
+def test_compare_on_a_hand_made_trace():
+    """Margins written by hand: 3.0, 0.5, 2.0 at positions 0, 1, 2."""
+    target = tiny_target("llama")
+    base = [10, 11, 12]
+    tops = [[(10, 5.0), (7, 2.0)], [(11, 1.5), (8, 1.0)], [(12, 4.0), (9, 2.0)]]
+    r = compare(target, [1, 2, 3], base, tops, [10, 8, 12], bound=0.6, label="m")
+    assert (r.verdict, r.divergence.position, r.divergence.margin, r.min_margin) == ("near-tie", 1, 0.5, 0.5)
+    assert (r.divergence.baseline_token, r.divergence.method_token) == (11, 8)
+    r = compare(target, [1, 2, 3], base, tops, [10, 11, 13], bound=0.6, label="m")
+    assert (r.verdict, r.divergence.position, r.divergence.margin) == ("MISMATCH", 2, 2.0)
+    r = compare(target, [1, 2, 3], base, tops, [10, 11], bound=0.6, label="m")  # stopped one token early
+    assert (r.verdict, r.divergence.position, r.divergence.method_token) == ("MISMATCH", 2, -1)
+    assert compare(target, [1, 2, 3], base, tops, base, bound=0.0, label="m").verdict == "identical"
+
+
+def test_run_ab_reports_a_real_difference_where_it_is():
+    """A "method" that decodes by another rule (a repetition penalty) differs
+    from plain greedy decoding at a position known from the two outputs."""
+    target = tiny_target("llama", scale=2.0)
+    prompt = random_prompt(8)
+    plain = hf2q_py.generate(target, prompt, max_tokens=30).tokens
+    other = hf2q_py.generate(target, prompt, max_tokens=30, repetition_penalty=3.0).tokens
+    first = next(i for i, (a, b) in enumerate(zip(plain, other)) if a != b)
+    results, noise = run_ab(target, [("p", prompt)], [("penalty", dict(repetition_penalty=3.0)),
+                                                        ("ngram", dict(method="ngram", k=4))], max_tokens=30)
+    penalty, ngram = results
+    assert penalty.verdict == "MISMATCH"
+    assert (penalty.divergence.position, penalty.divergence.baseline_token, penalty.divergence.method_token) == (
+        first, plain[first], other[first])
+    assert ngram.verdict == "identical" and ngram.baseline_tokens == len(plain)
 
 
 def test_mlx_lm_speculation_past_the_window_is_a_mismatch_and_ours_is_not():

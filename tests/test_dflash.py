@@ -197,13 +197,30 @@ def test_training_lowers_the_loss_and_resumes(tmp_path):
 
 
 def test_held_out_acceptance_counts_leading_matches():
-    target = tiny_target("llama")
-    drafter = drafter_for(target, layers=1, block_size=4, target_layer_ids=[0, 1])
-    tokens = random_prompt(20)
-    seq = TrainSequence(mx.array(tokens, dtype=mx.int32), target_features(target, tokens, [0, 1]), 0)
-    lengths = accepted_lengths(drafter, TargetHead(target), seq, mx.array([3, 10, 18], dtype=mx.int32))
-    assert lengths.shape == (3,) and all(1 <= x <= 4 for x in lengths.tolist())
-    assert lengths[2].item() <= 2  # only one label left after anchor 18 of 20
+    """Labels built from the drafter's own inference-time drafts: the first m
+    agree, then one differs, so the accepted length is known to be 1 + m."""
+    from hf2q_py.sampling import Greedy
+
+    target = tiny_target("llama", scale=1.5)
+    drafter = drafter_for(target, layers=1, block_size=5, target_layer_ids=[0, 1], seed=2)
+    ids = drafter.config.target_layer_ids
+    prefix = random_prompt(12)  # the anchor is its last token, at position 11
+    rt = target.runtime()
+    fwd = rt.prefill(prefix[:-1], logits="none", capture_layers=ids)
+    proposer = DFlashProposer(target, drafter)
+    proposer.start(rt, prefix, fwd.hidden, Greedy())
+    drafts = proposer.propose(prefix, 4).tokens
+    head = TargetHead(target)
+    for m in range(5):
+        wrong = [(d + 1) % 128 for d in drafts]
+        tokens = prefix + drafts[:m] + wrong[m:] + random_prompt(3, seed=5)
+        seq = TrainSequence(mx.array(tokens, dtype=mx.int32), target_features(target, tokens, ids), 0)
+        got = accepted_lengths(drafter, head, seq, mx.array([11], dtype=mx.int32)).tolist()
+        assert got == [1 + m]
+    # near the end of the sequence only the labels that exist count
+    tokens = prefix + drafts[:2]
+    seq = TrainSequence(mx.array(tokens, dtype=mx.int32), target_features(target, tokens, ids), 0)
+    assert accepted_lengths(drafter, head, seq, mx.array([11], dtype=mx.int32)).tolist() == [3]
 
 
 def test_save_and_load_round_trip(tmp_path):

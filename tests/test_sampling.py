@@ -17,41 +17,59 @@ from hf2q_py.sampling import SamplingConfig, Sampler, apply_penalty, filtered_pr
 
 CFG = dict(temperature=1.0, top_k=4)
 RUNS = 500
+TOKENS = 3  # a first round drafts K = 2 and verifies them: 3 tokens
 ALPHA = 1e-3  # fixed seeds: the verdicts are deterministic; the level keeps them meaningful
 
 
-def exact_two_token_distribution(target, prompt, cfg):
-    """P(t1, t2) under the filtered target distribution, by enumeration."""
-    p1 = filtered_probs(target.model(mx.array([prompt]))[0, -1:], cfg)[0]
-    dist = {}
-    for t1 in np.nonzero(np.array(p1))[0].tolist():
-        p2 = filtered_probs(target.model(mx.array([prompt + [t1]]))[0, -1:], cfg)[0]
-        for t2 in np.nonzero(np.array(p2))[0].tolist():
-            dist[(t1, t2)] = p1[t1].item() * p2[t2].item()
+def exact_distribution(target, prompt, cfg, n=TOKENS):
+    """P(t1..tn) under the filtered target distribution, by enumeration."""
+    dist = {(): 1.0}
+    for _ in range(n):
+        longer = {}
+        for seq, p in dist.items():
+            probs = filtered_probs(target.model(mx.array([prompt + list(seq)]))[0, -1:], cfg)[0]
+            for t in np.nonzero(np.array(probs))[0].tolist():
+                longer[seq + (t,)] = p * probs[t].item()
+        dist = longer
     return dist
 
 
 def samples(target, prompt, runs, **opts):
-    out = Counter()
+    """Counts of the first TOKENS tokens over seeded runs, and the number of
+    drafts in each run's first round."""
+    out, first_drafted = Counter(), []
     for seed in range(runs):
-        r = hf2q_py.generate(target, prompt, max_tokens=2, seed=seed, **CFG, **opts)
+        rounds = []
+        r = hf2q_py.generate(target, prompt, max_tokens=TOKENS, seed=seed, on_round=rounds.append, **CFG, **opts)
         out[tuple(r.tokens)] += 1
-    return out
+        first_drafted.append(rounds[0].drafted)
+    return out, first_drafted
 
 
 def p_value(counts, dist, runs):
-    cells = sorted(dist)
-    observed = np.array([counts.get(c, 0) for c in cells], dtype=float)
-    expected = np.array([dist[c] for c in cells]) * runs
-    assert sum(counts.values()) == observed.sum(), "a sample fell outside the support"
-    return chisquare(observed, expected / expected.sum() * observed.sum()).pvalue
+    """Chi-square over the support, cells expected fewer than 5 times pooled."""
+    assert sum(counts.get(c, 0) for c in dist) == sum(counts.values()), "a sample fell outside the support"
+    total = sum(counts.values())
+    observed, expected, rest_o, rest_e = [], [], 0.0, 0.0
+    for c in sorted(dist):
+        e = dist[c] * total / sum(dist.values())
+        if e >= 5:
+            observed.append(counts.get(c, 0))
+            expected.append(e)
+        else:
+            rest_o += counts.get(c, 0)
+            rest_e += e
+    if rest_e > 0:
+        observed.append(rest_o)
+        expected.append(rest_e)
+    return chisquare(np.array(observed, float), np.array(expected) / sum(expected) * sum(observed)).pvalue
 
 
 @pytest.fixture(scope="module")
 def setup():
     target = tiny_target("llama", scale=2.0)
     prompt = random_prompt(8)
-    return target, prompt, exact_two_token_distribution(target, prompt, SamplingConfig(**CFG))
+    return target, prompt, exact_distribution(target, prompt, SamplingConfig(**CFG))
 
 
 METHODS = {
@@ -74,10 +92,17 @@ def test_first_tokens_follow_the_target_distribution(setup, method):
 
         opts["drafter"] = drafter_for(target, layers=1, block_size=4, target_layer_ids=[0, 2], seed=1)
     if method == "ngram":  # put the likely continuations in the context so drafts happen
-        prompt = prompt + [t for pair in sorted(dist, key=dist.get)[-3:] for t in pair] + prompt[-2:]
-        dist = exact_two_token_distribution(target, prompt, SamplingConfig(**CFG))
-    counts = samples(target, prompt, RUNS, **opts)
+        prompt = prompt + [t for seq in sorted(dist, key=dist.get)[-3:] for t in seq] + prompt[-2:]
+        dist = exact_distribution(target, prompt, SamplingConfig(**CFG))
+    counts, first_drafted = samples(target, prompt, RUNS, **opts)
     assert p_value(counts, dist, RUNS) > ALPHA
+    # every speculative run verifies K = 2 drafts in its first round (n-gram: when the context matches)
+    if method == "baseline":
+        assert set(first_drafted) == {0}
+    elif method == "ngram":
+        assert first_drafted.count(2) > RUNS // 2 and set(first_drafted) <= {0, 2}
+    else:
+        assert set(first_drafted) == {2}
 
 
 class AlwaysAccept(Sampler):
@@ -92,7 +117,7 @@ def test_a_wrong_acceptance_rule_fails_the_same_test(setup):
     for seed in range(RUNS):
         proposer, policy = build_proposer(target, SpecConfig(method="draft", draft=draft, k=2, adaptive=False))
         out = []
-        for new in generate_tokens(target, prompt, max_tokens=2, proposer=proposer, policy=policy,
+        for new in generate_tokens(target, prompt, max_tokens=TOKENS, proposer=proposer, policy=policy,
                                    decider=AlwaysAccept(SamplingConfig(seed=seed, **CFG))):
             out += new
         counts[tuple(out)] += 1

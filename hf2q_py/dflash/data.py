@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from ..errors import Hf2qError
+from ..files import read_text
+from ..validate import check_unicode
 
 #: Modules whose code or documents the benchmark workloads use.
 BENCHMARK_MODULES = {"textwrap", "statistics", "heapq", "shlex", "json"}
@@ -117,10 +119,7 @@ def default_prompts(n: int, seed: int = 0, min_lines: int = 6, max_lines: int = 
 
 def read_prompts(path: str | Path) -> list[str]:
     """A prompt file: JSONL (strings or {"prompt": ...}) or plain text, one prompt per line."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as e:
-        raise Hf2qError(f"cannot read prompts file {path}: {e.strerror}") from None
+    lines = read_text(path, "prompts file").splitlines()
     prompts = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
@@ -133,6 +132,7 @@ def read_prompts(path: str | Path) -> list[str]:
             item = item.get("prompt") if isinstance(item, dict) else item
             if not isinstance(item, str):
                 raise Hf2qError(f"{path}:{i}: expected a string or an object with a 'prompt' string")
+            check_unicode(item, f"{path}:{i}: the prompt")
             prompts.append(item)
         else:
             prompts.append(line)

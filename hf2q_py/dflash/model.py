@@ -26,7 +26,8 @@ from typing import Any, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..errors import Hf2qError, ModelLoadError
+from ..errors import Hf2qError, ModelLoadError, one_line
+from ..validate import check_float, check_int
 
 ARCHITECTURE = "DFlashDraftModel"
 
@@ -77,12 +78,17 @@ class DrafterConfig:
     def from_dict(cls, cfg: dict[str, Any]) -> "DrafterConfig":
         """Parse a published config.json (``block_size`` at the top level or in
         ``dflash_config``; ``mask_token_id`` and ``target_layer_ids`` in it)."""
+        if not isinstance(cfg, dict):
+            raise Hf2qError(f"drafter config.json must hold an object, got {type(cfg).__name__}")
         dflash = cfg.get("dflash_config") or {}
+        if not isinstance(dflash, dict):
+            raise Hf2qError("drafter config.json: dflash_config must be an object")
         missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                                "vocab_size") if k not in cfg]
         missing += [f"dflash_config.{k}" for k in ("mask_token_id", "target_layer_ids") if k not in dflash]
         if missing:
             raise Hf2qError(f"drafter config.json lacks {', '.join(missing)}")
+        _check_types(cfg, dflash)
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling")
         theta = cfg.get("rope_theta", (rope or {}).get("rope_theta", 1_000_000.0))
         if rope is not None and rope.get("rope_type", rope.get("type")) in (None, "default"):
@@ -117,6 +123,39 @@ class DrafterConfig:
             d.pop("rope_scaling")
         return {"architectures": [ARCHITECTURE], "model_type": "qwen3", **d, "dflash_config": dflash,
                 "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False}
+
+
+def _check_types(cfg: dict[str, Any], dflash: dict[str, Any]) -> None:
+    """Types and ranges of the config.json fields ``from_dict`` reads."""
+
+    def field_int(name: str, value: Any, lo: int) -> None:
+        check_int(f"drafter config.json: {name}", value, lo)
+
+    for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"):
+        field_int(name, cfg[name], 1)
+    for name in ("num_key_value_heads", "head_dim", "num_target_layers", "max_position_embeddings", "sliding_window"):
+        if cfg.get(name) is not None:
+            field_int(name, cfg[name], 1)
+    kv = cfg.get("num_key_value_heads")
+    if kv is not None and cfg["num_attention_heads"] % kv:
+        raise Hf2qError("drafter config.json: num_attention_heads must be a multiple of num_key_value_heads")
+    block = cfg.get("block_size", dflash.get("block_size", 16))
+    field_int("block_size", block, 2)
+    field_int("dflash_config.mask_token_id", dflash["mask_token_id"], 0)
+    ids = dflash["target_layer_ids"]
+    if not isinstance(ids, list) or not ids:
+        raise Hf2qError("drafter config.json: dflash_config.target_layer_ids must be a non-empty list")
+    for i in ids:
+        field_int("dflash_config.target_layer_ids entry", i, 0)
+    for name in ("rms_norm_eps", "rope_theta"):
+        if cfg.get(name) is not None:
+            check_float(f"drafter config.json: {name}", cfg[name], 0.0, lo_open=True)
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+    if rope is not None and not isinstance(rope, dict):
+        raise Hf2qError("drafter config.json: rope_scaling must be an object")
+    types = cfg.get("layer_types") or []
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        raise Hf2qError("drafter config.json: layer_types must be a list of strings")
 
 
 class DrafterAttention(nn.Module):
@@ -348,20 +387,26 @@ def load_drafter(path: str | Path, dtype: Any = None) -> Drafter:
         raise ModelLoadError(f"drafter folder {path} has no config.json")
     try:
         raw = json.loads((path / "config.json").read_text())
-    except json.JSONDecodeError as e:
-        raise ModelLoadError(f"drafter config {path / 'config.json'} is not valid JSON: {e}") from None
-    arch = (raw.get("architectures") or [ARCHITECTURE])[0]
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise ModelLoadError(f"drafter config {path / 'config.json'} is not valid JSON: {one_line(e)}") from None
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"drafter config {path / 'config.json'} must hold an object")
+    arch = (raw.get("architectures") or [ARCHITECTURE])
+    arch = arch[0] if isinstance(arch, list) else arch
     if arch != ARCHITECTURE:
         raise ModelLoadError(f"unsupported drafter architecture {arch!r} (expected {ARCHITECTURE})")
     drafter = Drafter(DrafterConfig.from_dict(raw))
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"drafter folder {path} has no .safetensors weights")
-    weights = {k: v for f in files for k, v in mx.load(str(f)).items() if not k.startswith(BORROWED)}
+    try:
+        weights = {k: v for f in files for k, v in mx.load(str(f)).items() if not k.startswith(BORROWED)}
+    except Exception as e:  # mlx raises several types for unreadable files
+        raise ModelLoadError(f"drafter weights in {path} cannot be read: {one_line(e)}") from None
     try:
         drafter.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
-        raise ModelLoadError(f"drafter weights in {path} do not match its config: {e}") from None
+        raise ModelLoadError(f"drafter weights in {path} do not match its config: {one_line(e)}") from None
     if dtype is not None:
         drafter.set_dtype(dtype)
     mx.eval(drafter.parameters())

@@ -24,8 +24,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -37,10 +39,14 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_unflatten
 
+from ..draft_length import MAX_K
 from ..errors import Hf2qError
-from .model import Drafter, DrafterConfig, TargetHead, drafter_for, load_drafter, save_drafter
+from ..validate import check_bool, check_float, check_int
+from .model import (Drafter, DrafterConfig, TargetHead, default_layer_ids, drafter_for, load_drafter,
+                    save_drafter)
 
 STATE_DIR = "train-state"
+RUN_FILE = "run.json"  # what the run's data was made from (see run_record)
 
 
 @dataclass
@@ -69,26 +75,55 @@ class TrainConfig:
     seed: int = 0
     max_minutes: float | None = None  # stop (with a checkpoint) after this much training time
 
+    overwrite: bool = False  # prepare_out: start afresh in a folder holding other files or another run
+
     def validate(self) -> None:
         for name in ("layers", "samples", "max_new_tokens", "steps", "anchors", "eval_every", "checkpoint_every"):
-            if getattr(self, name) < 1:
-                raise Hf2qError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.block_size < 2:
-            raise Hf2qError(f"block-size must be >= 2, got {self.block_size}")
-        if not 0 <= self.holdout < self.samples:
+            check_int(name.replace("_", "-"), getattr(self, name), 1, LIMITS.get(name))
+        check_int("block-size", self.block_size, 2, MAX_K + 1)
+        check_int("holdout", self.holdout, 0)
+        if not self.holdout < self.samples:
             raise Hf2qError(f"holdout must be in [0, samples), got {self.holdout}")
-        if self.ce_positions is not None and self.ce_positions < 0:
-            raise Hf2qError(f"ce-positions must be >= 0, got {self.ce_positions}")
-        if self.hidden_weight < 0:
-            raise Hf2qError(f"hidden-weight must be >= 0, got {self.hidden_weight}")
+        if self.target_layer_ids is not None:
+            ids = self.target_layer_ids
+            if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence) or not ids:
+                raise Hf2qError(f"target-layers must be a non-empty list of layer ids, got {ids!r}")
+            for i in ids:
+                check_int("a target layer id", i, 0)
+            if len(set(ids)) != len(ids):
+                raise Hf2qError(f"target-layers lists a layer twice: {list(ids)}")
+        if self.mask_token_id is not None:
+            check_int("mask-token-id", self.mask_token_id, 0)
+        if self.ce_positions is not None:
+            check_int("ce-positions", self.ce_positions, 0)
+        check_float("hidden-weight", self.hidden_weight, 0.0)
         if self.ce_positions == 0 and not self.hidden_weight:
             raise Hf2qError("with ce-positions 0 the hidden-weight must be > 0: nothing would be trained")
-        if self.max_minutes is not None and not self.max_minutes >= 0:
-            raise Hf2qError(f"max-minutes must be >= 0, got {self.max_minutes}")
-        if not 0 <= self.prompt_anchors <= 1:
-            raise Hf2qError(f"prompt-anchors must be in [0, 1], got {self.prompt_anchors}")
-        if not self.lr > 0:
-            raise Hf2qError(f"lr must be > 0, got {self.lr}")
+        if self.max_minutes is not None:
+            check_float("max-minutes", self.max_minutes, 0.0)
+        check_float("prompt-anchors", self.prompt_anchors, 0.0, 1.0)
+        check_float("lr", self.lr, 0.0, lo_open=True)
+        check_float("weight-decay", self.weight_decay, 0.0)
+        check_int("warmup", self.warmup, 0)
+        check_float("gamma", self.gamma, 0.0, lo_open=True)
+        check_int("seed", self.seed)
+        check_bool("overwrite", self.overwrite)
+
+    def check_target(self, target) -> None:
+        """The options that depend on the target (layer ids, mask id), checked
+        before any data is generated."""
+        n = target.num_layers
+        ids = list(self.target_layer_ids) if self.target_layer_ids is not None else default_layer_ids(n, 3)
+        bad = [i for i in ids if not 0 <= i < n]
+        if bad:
+            raise Hf2qError(f"target-layers {bad} are out of range for a target with {n} layers (0..{n - 1})")
+        vocab = target.vocab_size
+        if self.mask_token_id is not None and vocab is not None and self.mask_token_id >= vocab:
+            raise Hf2qError(f"mask-token-id {self.mask_token_id} is outside the target's vocabulary ({vocab})")
+
+
+#: Upper bounds of some options (others only need to be >= 1).
+LIMITS = {"layers": 64, "samples": 100_000}
 
 
 @dataclass
@@ -194,8 +229,16 @@ def _progress(step: int, total: int, loss: float, mal: float | None, sec: float)
 
 
 def state_dir(cfg: TrainConfig) -> Path:
-    """The run's working folder inside ``cfg.out`` (created; a clear error if it cannot be)."""
-    path = Path(cfg.out) / STATE_DIR
+    """The run's working folder inside ``cfg.out`` (created). A folder that
+    holds other files but no run (a model folder, say) is refused: its
+    ``config.json`` and weights would be replaced (see ``prepare_out``)."""
+    out = Path(cfg.out)
+    path = out / STATE_DIR
+    if out.is_dir() and not path.is_dir() and not cfg.overwrite and any(out.iterdir()):
+        raise Hf2qError(
+            f"{cfg.out} is not empty and holds no train-dflash run: its files would be replaced "
+            "(choose a new --out, or pass --overwrite)"
+        )
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -208,12 +251,71 @@ def data_path(cfg: TrainConfig) -> Path:
     return state_dir(cfg) / "data.jsonl"
 
 
+def run_record(target: str | None, prompts: Sequence[str], max_new_tokens: int) -> dict:
+    """What a run's training data depends on: the target source (None: the
+    built-in model), a digest of the prompts, and the answer length."""
+    digest = hashlib.sha256()
+    for p in prompts:
+        digest.update(p.encode("utf-8", "surrogatepass") + b"\0")
+    if target is None or str(target) == "":
+        source = "built-in"
+    else:
+        path = Path(target).expanduser()
+        source = str(path.resolve()) if path.exists() else str(target)
+    return {"target": source, "prompts": len(prompts), "prompts_sha256": digest.hexdigest(),
+            "max_new_tokens": max_new_tokens}
+
+
+def prepare_out(cfg: TrainConfig, record: dict) -> Path:
+    """Check ``cfg.out`` before any slow work; returns the data file.
+
+    A new or empty folder starts a run. A folder holding a run resumes it only
+    if ``record`` (``run_record``) equals the one the run was started with,
+    so new prompts or another target never train silently on old data. With
+    ``cfg.overwrite`` the folder's drafter files (``config.json``,
+    ``*.safetensors``) and run state are deleted and a new run starts; without
+    it a folder holding anything else is refused.
+    """
+    out = Path(cfg.out)
+    work = out / STATE_DIR
+    if cfg.overwrite and out.is_dir():
+        for f in [out / "config.json", *out.glob("*.safetensors")]:
+            if f.is_file():
+                f.unlink()
+        if work.is_dir():
+            shutil.rmtree(work)
+    path = data_path(cfg)
+    run_file = work / RUN_FILE
+    if run_file.is_file():
+        try:
+            old = json.loads(run_file.read_text())
+        except ValueError:
+            old = None
+        if old != record:
+            what = [k for k in record if not isinstance(old, dict) or old.get(k) != record[k]]
+            names = {"target": "--target", "prompts": "--samples", "prompts_sha256": "--prompts",
+                     "max_new_tokens": "--max-new-tokens"}
+            raise Hf2qError(
+                f"{cfg.out} holds a run with another {', '.join(dict.fromkeys(names[k] for k in what))}: "
+                "resume with the same options, or choose a new --out, or pass --overwrite"
+            )
+    elif path.exists() or (work / "trainer.json").exists():
+        raise Hf2qError(
+            f"{cfg.out} holds a run without a record of its prompts and target: "
+            "choose a new --out, or pass --overwrite to start afresh"
+        )
+    else:
+        run_file.write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
 def train(target, cfg: TrainConfig, rows: Sequence[dict], *, log: Callable[[str], None] | None = None,
           progress: bool = True) -> Drafter:
     """Train (or resume training) on ``rows`` ({"prompt_tokens": n, "tokens":
     [...]}, as ``data.self_distill`` writes them); returns the drafter, also
     saved in ``cfg.out``."""
     cfg.validate()
+    cfg.check_target(target)
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     out = Path(cfg.out)
     work = state_dir(cfg)
@@ -221,7 +323,10 @@ def train(target, cfg: TrainConfig, rows: Sequence[dict], *, log: Callable[[str]
     if resume:
         drafter = load_drafter(out)
         state = json.loads((work / "trainer.json").read_text())
-        if state["config"]["block_size"] != cfg.block_size or state["config"]["layers"] != cfg.layers:
+        old, dcfg = state["config"], drafter.config
+        if (old["block_size"] != cfg.block_size or old["layers"] != cfg.layers
+                or (cfg.target_layer_ids is not None and list(dcfg.target_layer_ids) != list(cfg.target_layer_ids))
+                or (cfg.mask_token_id is not None and dcfg.mask_token_id != cfg.mask_token_id)):
             raise Hf2qError(f"{out} holds a run with other shapes; use another --out or the same options")
     else:
         drafter = drafter_for(target, layers=cfg.layers, target_layer_ids=cfg.target_layer_ids,

@@ -37,6 +37,19 @@ def load(source: str | Path | None = None, *, dtype: str | None = "auto") -> Tar
     return load_folder(str(source), mx_dtype)
 
 
+def check_source(source: str | Path | None) -> None:
+    """Refuse, without loading anything, a model source that does not exist:
+    a missing file or folder, or a repo id not in the local cache."""
+    if source is None or str(source) == "":
+        builtin_model_path()
+        return
+    if Path(source).expanduser().is_file():
+        return
+    from .folder import resolve_folder
+
+    resolve_folder(str(source))
+
+
 def _has_gguf_magic(path: Path) -> bool:
     with open(path, "rb") as f:
         return f.read(4) == b"GGUF"

@@ -7,9 +7,13 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..errors import ModelLoadError, UnsupportedModelError
+from ..errors import ModelLoadError, UnsupportedModelError, one_line
 from ..target import Target
 from .convert import to_dtype
+
+
+#: A folder needs one of these for its tokenizer (fast, SentencePiece or BPE files).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
 
 
 def resolve_folder(source: str) -> Path:
@@ -38,14 +42,16 @@ def load_folder(source: str, dtype: mx.Dtype | None) -> Target:
         raise ModelLoadError(f"{path}: no config.json, so this is not a model folder")
     if not list(path.glob("*.safetensors")):
         raise ModelLoadError(f"{path}: no .safetensors weight files")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelLoadError(f"{path}: no tokenizer files (none of {', '.join(TOKENIZER_FILES)})")
     import mlx_lm
 
     try:
         model, tokenizer = mlx_lm.load(str(path))
     except ValueError as e:
         if "not supported" in str(e):
-            raise UnsupportedModelError(f"{path}: {e}") from e
-        raise ModelLoadError(f"{path}: {e}") from e
+            raise UnsupportedModelError(f"{path}: {one_line(e)}") from e
+        raise ModelLoadError(f"{path}: {one_line(e)}") from e
     except Exception as e:
-        raise ModelLoadError(f"{path}: cannot load the model: {e}") from e
+        raise ModelLoadError(f"{path}: cannot load the model: {one_line(e)}") from e
     return Target(to_dtype(model, dtype), tokenizer, source=str(path))

@@ -15,7 +15,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..errors import ModelLoadError
+from ..errors import ModelLoadError, one_line
 from ..target import Target
 from .convert import to_dtype
 from .gguf_arch import (
@@ -90,7 +90,7 @@ def _build(cfg: dict[str, Any], weights: dict[str, mx.array], bits: dict[str, in
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
-        raise ModelLoadError(f"GGUF tensors do not fit the {cfg['model_type']} model: {e}") from e
+        raise ModelLoadError(f"GGUF tensors do not fit the {cfg['model_type']} model: {one_line(e)}") from e
     return model
 
 

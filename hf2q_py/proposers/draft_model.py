@@ -14,13 +14,20 @@ from .base import Draft, Proposer
 
 
 def check_compatible(target: Target, draft: Target) -> None:
-    """Same tokenizer (identical token strings), and draft ids valid for the target."""
+    """Same tokenizer (identical token strings), draft ids valid for the target,
+    and a draft embedding row for every id the tokenizer can produce."""
     tv, dv = target.vocab_size, draft.vocab_size
     if target.tokenizer is not None and draft.tokenizer is not None:
-        if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+        vocab = target.tokenizer.get_vocab()
+        if vocab != draft.tokenizer.get_vocab():
             raise Hf2qError(
                 "the draft model's tokenizer differs from the target's (token strings do not "
                 "match); a draft model must share the target's vocabulary"
+            )
+        ids = max(vocab.values(), default=-1) + 1
+        if dv is not None and dv < ids:
+            raise Hf2qError(
+                f"the draft model's vocabulary ({dv}) is smaller than its tokenizer's ({ids} token ids)"
             )
     elif tv != dv:
         raise Hf2qError(f"the draft model's vocabulary ({dv}) differs from the target's ({tv})")
@@ -50,10 +57,19 @@ class DraftModelProposer(Proposer):
         self.rt = self.draft.runtime()
         self.cached = []
         if len(prompt) > 1:
-            self.rt.prefill(list(prompt[:-1]), logits="none")
+            self.rt.prefill(self._embeddable(prompt[:-1]), logits="none")
             self.cached = list(prompt[:-1])
             mx.eval(self.rt.state())
         self.synced = len(self.cached)
+
+    def _embeddable(self, tokens: Sequence[int]) -> list[int]:
+        """``tokens`` with ids past the draft's embedding (padding ids of a larger
+        target vocabulary, never produced by the shared tokenizer) replaced by
+        its last id: the draft sees a wrong token there, never an out-of-bounds read."""
+        dv = self.draft.vocab_size
+        if dv is None or max(tokens, default=0) < dv:
+            return list(tokens)
+        return [min(t, dv - 1) for t in tokens]
 
     def _sync(self, tokens: Sequence[int]) -> list[int]:
         """Trim the draft cache to its longest prefix of ``tokens`` (leaving at
@@ -71,7 +87,7 @@ class DraftModelProposer(Proposer):
 
     def propose(self, tokens: Sequence[int], k: int) -> Draft:
         feed = self._sync(tokens)
-        logits = self.rt.forward(feed, logits="last").logits[-1]
+        logits = self.rt.forward(self._embeddable(feed), logits="last").logits[-1]
         self.cached.extend(feed)
         steps: list[mx.array] = []
         dists: list[mx.array | None] = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..errors import Hf2qError
+from ..validate import check_int
 from .base import Draft, Proposer
 
 
@@ -61,9 +62,14 @@ class NgramIndex:
         return 0, 0
 
 
+#: The longest n-gram looked up (``--ngram-max``): the index keeps every
+#: n-gram up to this length for every position of the context.
+MAX_NGRAM = 16
+
+
 def validate_ngram(min_n: int, max_n: int) -> None:
-    if min_n < 1:
-        raise Hf2qError(f"ngram-min must be >= 1, got {min_n}")
+    check_int("ngram-min", min_n, 1, MAX_NGRAM)
+    check_int("ngram-max", max_n, 1, MAX_NGRAM)
     if max_n < min_n:
         raise Hf2qError(f"ngram-max ({max_n}) must be >= ngram-min ({min_n})")
 
