@@ -82,7 +82,7 @@ def generate_tokens(
     eos = set(eos_token_ids)
     capture = tuple(proposer.capture_layers) if proposer else ()
     k_max = getattr(policy, "k_max", getattr(policy, "k", 0))
-    rt = target.runtime(slack=max(64, k_max + 2))
+    rt = target.runtime(slack=max(64, k_max + 2), rollback=k_max + 2)
 
     t0 = time.perf_counter()
     hidden: dict = {}

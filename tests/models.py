@@ -42,10 +42,42 @@ CONFIGS = {
         rms_norm_eps=1e-6, final_logit_softcapping=30.0, enable_moe_block=True,
         num_experts=4, top_k_experts=2, moe_intermediate_size=32,
     ),
+    # hybrids: recurrent layers (gated delta, short conv, Mamba-2) between attention layers
+    "qwen3_next": dict(
+        model_type="qwen3_next", hidden_size=64, num_hidden_layers=4, intermediate_size=128,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_value_heads=4,
+        linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+        num_experts=0, num_experts_per_tok=0, decoder_sparse_step=1, shared_expert_intermediate_size=0,
+        mlp_only_layers=[], moe_intermediate_size=0, rms_norm_eps=1e-6, vocab_size=VOCAB, rope_theta=10000.0,
+        partial_rotary_factor=0.5, max_position_embeddings=4096, full_attention_interval=2,
+    ),
+    "qwen3_5": dict(  # the multimodal wrapper, as Qwen3.5 checkpoints load
+        model_type="qwen3_5", text_config=dict(
+            model_type="qwen3_5_text", hidden_size=64, num_hidden_layers=4, intermediate_size=128,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_value_heads=4,
+            linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+            vocab_size=VOCAB, full_attention_interval=2, tie_word_embeddings=False,
+            rope_parameters=dict(type="default", mrope_section=[2, 1, 1], rope_theta=10000, partial_rotary_factor=0.5),
+        ),
+    ),
+    "lfm2": dict(
+        model_type="lfm2", vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=4096, norm_eps=1e-5, conv_bias=False, conv_L_cache=3,
+        block_dim=64, block_multiple_of=16, block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=False,
+        block_ff_dim=128, full_attn_idxs=[1, 3],
+    ),
+    "nemotron_h": dict(  # Mamba-2 layers ("M"), attention ("*"), MLP ("-")
+        model_type="nemotron_h", vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+        max_position_embeddings=4096, num_attention_heads=4, num_key_value_heads=2, attention_bias=False,
+        mamba_num_heads=4, mamba_head_dim=16, mamba_proj_bias=False, ssm_state_size=16, conv_kernel=4,
+        n_groups=1, mlp_bias=False, layer_norm_epsilon=1e-5, use_bias=False, use_conv_bias=True,
+        hybrid_override_pattern=["M", "*", "M", "-"], head_dim=16, time_step_limit=(0.0, float("inf")),
+    ),
 }
 
 ARCHS = tuple(CONFIGS)
 SLIDING = ("gemma3_text", "gemma4_text", "gemma4_text_moe")
+HYBRIDS = ("qwen3_next", "qwen3_5", "lfm2", "nemotron_h")
 
 
 def tiny_model(arch: str, seed: int = 0, scale: float = 1.0):

@@ -27,6 +27,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..errors import Hf2qError, ModelLoadError
+from ..taps import final_norm_name
 
 ARCHITECTURE = "DFlashDraftModel"
 
@@ -286,22 +287,12 @@ class TargetHead:
     lent to the drafter."""
 
     def __init__(self, target: Any):
-        model = target.model
-        decoder = target._decoder
-        if decoder is None or not hasattr(decoder, "embed_tokens"):
-            raise Hf2qError(f"cannot find the embedding of {type(model).__name__} to lend to the drafter")
-        self.embed_tokens = decoder.embed_tokens
-        scale = getattr(decoder, "embed_scale", None)
-        model_type = str(getattr(getattr(model, "args", None), "model_type", ""))
-        if scale is None and model_type.startswith("gemma"):
-            scale = target.hidden_size**0.5
-        self.scale = float(scale or 1.0)
-        head = getattr(model, "lm_head", None)
-        self.head = head if head is not None else self.embed_tokens.as_linear
-        cap = getattr(model, "final_logit_softcapping", None)
-        if cap is None:
-            cap = getattr(getattr(model, "args", None), "final_logit_softcapping", None)
-        self.softcap = cap
+        if target._decoder is None or target.embed_tokens is None:
+            raise Hf2qError(f"cannot find the embedding of {type(target.model).__name__} to lend to the drafter")
+        self.embed_tokens = target.embed_tokens
+        self.scale = target.embed_scale
+        self.head = target.lm_head
+        self.softcap = target.softcap
 
     def embed(self, tokens: mx.array) -> mx.array:
         h = self.embed_tokens(tokens)
@@ -392,31 +383,34 @@ def default_layer_ids(num_target_layers: int, n: int) -> list[int]:
 
 
 def drafter_for(target: Any, *, layers: int = 1, target_layer_ids: Sequence[int] | None = None,
-                block_size: int = 16, mask_token_id: int | None = None, seed: int = 0) -> Drafter:
+                block_size: int = 16, mask_token_id: int | None = None, seed: int = 0,
+                layer_types: Sequence[str] | None = None, sliding_window: int | None = None) -> Drafter:
     """A freshly initialised drafter shaped after ``target`` (Qwen3-style
     layers with the target's width and head layout)."""
-    args = target.model.args
-    heads = getattr(args, "num_attention_heads")
+    cfg_of = target.config
+    heads = cfg_of("num_attention_heads")
     ids = list(target_layer_ids) if target_layer_ids is not None else default_layer_ids(target.num_layers, 3)
     cfg = DrafterConfig(
         hidden_size=target.hidden_size,
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=getattr(args, "num_key_value_heads", None) or heads,
-        head_dim=getattr(args, "head_dim", None) or target.hidden_size // heads,
-        intermediate_size=getattr(args, "intermediate_size"),
+        num_key_value_heads=cfg_of("num_key_value_heads") or heads,
+        head_dim=cfg_of("head_dim") or target.hidden_size // heads,
+        intermediate_size=cfg_of("intermediate_size") or cfg_of("block_ff_dim") or 4 * target.hidden_size,
         vocab_size=target.vocab_size,
         target_layer_ids=tuple(ids),
         mask_token_id=mask_token_id if mask_token_id is not None else target.vocab_size - 1,
         block_size=block_size,
         num_target_layers=target.num_layers,
-        rms_norm_eps=getattr(args, "rms_norm_eps", 1e-6),
-        rope_theta=float(getattr(args, "rope_theta", 10000.0)),
+        rms_norm_eps=cfg_of("rms_norm_eps") or 1e-6,
+        rope_theta=float(cfg_of("rope_theta") or 10000.0),
+        layer_types=tuple(layer_types or ()),
+        sliding_window=sliding_window,
     )
     mx.random.seed(seed)
     drafter = Drafter(cfg)
     check_against_target(cfg, target)
-    norm = getattr(target._decoder, "norm", None)
+    norm = getattr(target._decoder, final_norm_name(target._decoder) or "norm", None)
     if type(norm) is nn.RMSNorm and norm.weight.shape == drafter.norm.weight.shape:
         # start in the target's final-state space, so the borrowed head sees familiar scales
         drafter.norm.weight = mx.array(norm.weight).astype(drafter.norm.weight.dtype)

@@ -17,7 +17,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ..errors import Hf2qError
-from ..taps import check_skippable, find_decoder
+from ..taps import check_skippable, embedding, find_decoder
 from ..target import Target
 from .base import Proposer
 
@@ -91,7 +91,7 @@ def draft_cost_share(model, skip: Sequence[int]) -> float:
     sizes = [sum(v.nbytes for _, v in tree_flatten(layer.parameters())) for layer in model.layers]
     head = getattr(model, "lm_head", None)
     if head is None:  # tied: the embedding is the head
-        head = find_decoder(model).embed_tokens
+        head = embedding(find_decoder(model))
     head_bytes = sum(v.nbytes for _, v in tree_flatten(head.parameters()))
     total = sum(sizes) + head_bytes
     return (total - sum(sizes[i] for i in set(skip))) / total
