@@ -111,3 +111,19 @@ def random_prompt(n: int, seed: int = 0) -> list[int]:
 
     rng = random.Random(seed)
     return [rng.randrange(VOCAB) for _ in range(n)]
+
+
+def perturbed_target(arch: str, scale: float = 1.0, noise: float = 0.05, seed: int = 0) -> Target:
+    """The ``tiny_target(arch, seed, scale)`` model with small random changes to
+    its weights: a draft model that agrees with the target often, not always."""
+    model = tiny_model(arch, seed, scale)
+    keys = iter(mx.random.split(mx.random.key(seed + 7), 10_000))
+
+    def jitter(x):
+        if x.ndim < 2:
+            return x
+        return x + mx.random.normal(x.shape, key=next(keys)) * noise * mx.abs(x).mean()
+
+    model.update(tree_map(jitter, model.parameters()))
+    mx.eval(model.parameters())
+    return Target.from_mlx_lm(model)
