@@ -84,7 +84,11 @@ class _Tap(nn.Module):
             return getattr(layer, name)
 
     def __call__(self, x, *args, **kwargs):
-        out = x if self.skip else self.layer(x, *args, **kwargs)
+        if self.skip:
+            # gemma4_text layers also pass on the shared KV and its offset
+            out = (x, kwargs["shared_kv"], kwargs.get("offset")) if "shared_kv" in kwargs else x
+        else:
+            out = self.layer(x, *args, **kwargs)
         if self.rec is not None:
             self.rec.layers[self.index] = out[0] if isinstance(out, tuple) else out
         return out
@@ -104,21 +108,37 @@ class _FinalNorm(nn.Module):
         return y
 
 
+def kv_sources(model: Any) -> dict[int, int]:
+    """KV-shared layers -> the earlier layer whose KV cache each one reads
+    (gemma4_text with ``num_kv_shared_layers > 0``); empty for other models."""
+    prev = getattr(find_decoder(model), "previous_kvs", None)
+    return {j: i for j, i in enumerate(prev) if i != j} if prev else {}
+
+
 def check_skippable(model: Any) -> None:
-    """Layer skipping needs decoder layers that map hidden -> hidden, one cache each."""
+    """Layer skipping needs decoder layers that map hidden -> hidden, with
+    the caches belonging to the first layers in order (KV-shared layers last)."""
     dec = find_decoder(model)
     if dec is None:
         raise UnsupportedModelError("cannot find the decoder layers of this model")
-    if getattr(getattr(language_model(model), "args", None), "num_kv_shared_layers", 0):
-        raise UnsupportedModelError(
-            "layer skipping is not supported for models whose layers share KV caches "
-            "(gemma4_text with num_kv_shared_layers > 0)"
-        )
-    if hasattr(model, "make_cache") and len(model.make_cache()) != len(dec.layers):
-        raise UnsupportedModelError(
-            f"layer skipping needs one cache per layer; {type(model).__module__.split('.')[-1]} has "
-            f"{len(model.make_cache())} caches for {len(dec.layers)} layers"
-        )
+    if hasattr(model, "make_cache"):
+        n_caches, n_layers = len(model.make_cache()), len(dec.layers)
+        if n_caches != n_layers - len(kv_sources(model)):
+            raise UnsupportedModelError(
+                f"layer skipping needs one cache per layer; {type(language_model(model)).__module__.split('.')[-1]} "
+                f"has {n_caches} caches for {n_layers} layers"
+            )
+
+
+def check_skip_set(model: Any, skip: Sequence[int]) -> None:
+    """Refuse a skip set that skips a layer whose KV cache a running layer reads."""
+    skip = set(skip)
+    for shared, source in sorted(kv_sources(model).items()):
+        if source in skip and shared not in skip:
+            raise UnsupportedModelError(
+                f"cannot skip layer {source}: KV-shared layer {shared} reads its cache "
+                f"(skip layer {shared} too, or keep layer {source})"
+            )
 
 
 @contextmanager

@@ -74,10 +74,21 @@ CONFIGS = {
         hybrid_override_pattern=["M", "*", "M", "-"], head_dim=16, time_step_limit=(0.0, float("inf")),
     ),
 }
+# multimodal wrappers as mlx-lm builds them: the text model under ``language_model``
+CONFIGS["gemma4"] = dict(model_type="gemma4", text_config=dict(CONFIGS["gemma4_text"]), vocab_size=VOCAB)
+CONFIGS["gemma3"] = dict(model_type="gemma3", text_config=dict(CONFIGS["gemma3_text"]), vocab_size=VOCAB)
+CONFIGS["mistral3"] = dict(model_type="mistral3", text_config=dict(CONFIGS["llama"]))
+CONFIGS["qwen3_vl"] = dict(model_type="qwen3_vl", text_config=dict(
+    model_type="qwen3", hidden_size=64, num_hidden_layers=4, intermediate_size=128, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, vocab_size=VOCAB, rope_theta=10000.0,
+    tie_word_embeddings=True, max_position_embeddings=4096,
+    rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3]},
+))
 
 ARCHS = tuple(CONFIGS)
 SLIDING = ("gemma3_text", "gemma4_text", "gemma4_text_moe")
 HYBRIDS = ("qwen3_next", "qwen3_5", "lfm2", "nemotron_h")
+WRAPPERS = ("gemma4", "gemma3", "mistral3", "qwen3_vl", "qwen3_5")
 
 
 def tiny_model(arch: str, seed: int = 0, scale: float = 1.0):

@@ -17,7 +17,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ..errors import Hf2qError
-from ..taps import check_skippable, embedding, find_decoder
+from ..taps import check_skip_set, check_skippable, embedding, find_decoder, language_model
 from ..target import Target
 from .base import Proposer
 
@@ -88,6 +88,7 @@ def draft_cost_share(model, skip: Sequence[int]) -> float:
     """Cost of a skip pass relative to a full single-token forward, taken as
     the share of weight bytes it reads (batch-1 decoding is bandwidth-bound):
     the layers it runs plus the output head, which is never skipped."""
+    model = language_model(model)
     sizes = [sum(v.nbytes for _, v in tree_flatten(layer.parameters())) for layer in model.layers]
     head = getattr(model, "lm_head", None)
     if head is None:  # tied: the embedding is the head
@@ -106,6 +107,14 @@ def optimistic_speedup(draft_share: float, verify_cost, k_max: int, acceptance: 
         sum(acceptance**i for i in range(k + 1)) / (k * draft_share + verify_cost(k + 1))
         for k in range(1, k_max + 1)
     )
+
+
+def _valid(model, skip: Sequence[int]) -> bool:
+    try:
+        check_skip_set(model, skip)
+    except Hf2qError:
+        return False
+    return True
 
 
 class LayerSkipProposer(Proposer):
@@ -140,7 +149,7 @@ class LayerSkipProposer(Proposer):
         self.target = target
         self.rt = None
         n = target.num_layers
-        self.key = f"{target.source}|{n}|{target.model.layers[0].__class__.__module__}"
+        self.key = f"{target.source}|{n}|{target.layers[0].__class__.__module__}"
         self.skip: list[int] | None
         # auto: plain decoding first (the yardstick), then each candidate
         self.trials: list[list[int] | None] = []
@@ -149,10 +158,11 @@ class LayerSkipProposer(Proposer):
             if known != "unknown":
                 self.skip = known
             else:
-                self.trials = [None, *auto_candidates(n)]
+                self.trials = [None, *[c for c in auto_candidates(n) if _valid(target.model, c)]]
                 self.skip = None
         else:
             self.skip = skip_recipe(skip, n)
+            check_skip_set(target.model, self.skip)
         self.trial_rounds = trial_rounds
         self.optimistic_acceptance = optimistic_acceptance
         self.k_max = k_max
