@@ -73,6 +73,12 @@ CONFIGS = {
         n_groups=1, mlp_bias=False, layer_norm_epsilon=1e-5, use_bias=False, use_conv_bias=True,
         hybrid_override_pattern=["M", "*", "M", "-"], head_dim=16, time_step_limit=(0.0, float("inf")),
     ),
+    "gpt_oss": dict(  # attention sinks, sliding window 8 on every second layer, MoE
+        model_type="gpt_oss", num_hidden_layers=4, num_local_experts=4, num_experts_per_tok=2, vocab_size=VOCAB,
+        rms_norm_eps=1e-5, hidden_size=64, intermediate_size=64, head_dim=16, num_attention_heads=4,
+        num_key_value_heads=2, sliding_window=8, rope_theta=10000,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+    ),
 }
 # multimodal wrappers as mlx-lm builds them: the text model under ``language_model``
 CONFIGS["gemma4"] = dict(model_type="gemma4", text_config=dict(CONFIGS["gemma4_text"]), vocab_size=VOCAB)
@@ -86,7 +92,7 @@ CONFIGS["qwen3_vl"] = dict(model_type="qwen3_vl", text_config=dict(
 ))
 
 ARCHS = tuple(CONFIGS)
-SLIDING = ("gemma3_text", "gemma4_text", "gemma4_text_moe")
+SLIDING = ("gemma3_text", "gemma4_text", "gemma4_text_moe", "gpt_oss")
 HYBRIDS = ("qwen3_next", "qwen3_5", "lfm2", "nemotron_h")
 WRAPPERS = ("gemma4", "gemma3", "mistral3", "qwen3_vl", "qwen3_5")
 
@@ -108,6 +114,10 @@ def tiny_model(arch: str, seed: int = 0, scale: float = 1.0):
         return mx.random.normal(x.shape, key=next(keys)) * (scale / x.shape[-1] ** 0.5)
 
     model.update(tree_map(rnd, params))
+    for layer in model.layers:
+        attn = getattr(layer, "self_attn", None)
+        if attn is not None and "sinks" in attn:  # gpt-oss: give the sinks weight
+            attn.sinks = mx.random.normal(attn.sinks.shape, key=next(keys))
     model.set_dtype(mx.float32)
     mx.eval(model.parameters())
     return model

@@ -1,6 +1,7 @@
-"""Multimodal wrappers (the text model under ``language_model``) and Gemma 4's
-KV-shared layers: configuration, capture, layer skip and DFlash on the
-language model; greedy output equals mlx-lm's."""
+"""Multimodal wrappers (the text model under ``language_model``), Gemma 4's
+KV-shared layers and gpt-oss (attention sinks, alternating sliding window):
+configuration, capture, layer skip and DFlash on the language model; greedy
+output equals mlx-lm's past the sliding window."""
 
 import mlx.core as mx
 import pytest
@@ -41,7 +42,7 @@ def test_capture_and_the_borrowed_head_reproduce_the_wrappers_logits(arch):
 
 def options(arch, method, target):
     if method == "draft":
-        return {"draft": perturbed_target(arch, scale=1.5, noise=0.02)}
+        return {"draft": perturbed_target(arch, scale=1.5 if arch == "gpt_oss" else 1.0, noise=0.02)}
     if method == "layerskip":
         return {"skip_layers": [1]}
     if method == "dflash":
@@ -49,13 +50,14 @@ def options(arch, method, target):
     return {}
 
 
-@pytest.mark.parametrize("arch", ["gemma4", "gemma4_text"])
+@pytest.mark.parametrize("arch", ["gemma4", "gemma4_text", "gpt_oss"])
 @pytest.mark.parametrize("method", ["ngram", "draft", "layerskip", "dflash"])
 @pytest.mark.parametrize("k", [1, 16])
 def test_every_method_matches_mlx_lm_greedy_past_the_window(arch, method, k):
-    """Sliding window 16, KV-shared layers 4 and 5; prompt and output run past the window."""
-    target = tiny_target(arch, scale=1.5)
-    prompt = random_prompt(10) * 2
+    """gemma4: sliding window 16, KV-shared layers 4 and 5; gpt_oss: window 8
+    with sinks. Prompt and output run past the window."""
+    target = tiny_target(arch, scale=1.5 if arch == "gpt_oss" else 1.0)
+    prompt = random_prompt(10, seed=3) * 2
     want = reference_greedy(target.model, prompt, 40)
     r = hf2q_py.generate(target, prompt, max_tokens=40, method=method, k=k, adaptive=False,
                          **options(arch, method, target))
@@ -81,3 +83,17 @@ def test_a_skip_set_that_breaks_shared_kv_is_refused_naming_the_layer():
     # automatic calibration only tries valid sets
     prop = LayerSkipProposer(target, "auto")
     assert all(not (3 in c and 4 not in c) and not (2 in c and 5 not in c) for c in prop.trials[1:])
+
+
+@pytest.mark.parametrize("arch, scale", [("gemma4", 1.0), ("gpt_oss", 1.5)])
+def test_eos_and_budget_inside_an_accepted_block(arch, scale):
+    target = tiny_target(arch, scale=scale)
+    prompt = random_prompt(10, seed=3)
+    free = reference_greedy(target.model, prompt, 40)
+    i = next(i for i in range(2, 40) if free[i] not in free[:i])
+    for n in (1, 5, 9, 17):
+        r = hf2q_py.generate(target, prompt, max_tokens=n, method="draft", draft=target, k=8, adaptive=False)
+        assert r.tokens == free[:n]
+    target.eos_token_ids = {free[i]}
+    r = hf2q_py.generate(target, prompt, max_tokens=40, method="draft", draft=target, k=8, adaptive=False)
+    assert r.tokens == free[:i] and r.stats.finish_reason == "stop"
