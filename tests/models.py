@@ -84,6 +84,7 @@ CONFIGS = {
 CONFIGS["gemma4"] = dict(model_type="gemma4", text_config=dict(CONFIGS["gemma4_text"]), vocab_size=VOCAB)
 CONFIGS["gemma3"] = dict(model_type="gemma3", text_config=dict(CONFIGS["gemma3_text"]), vocab_size=VOCAB)
 CONFIGS["mistral3"] = dict(model_type="mistral3", text_config=dict(CONFIGS["llama"]))
+CONFIGS["qwen2_vl"] = dict(model_type="qwen2_vl", text_config=dict(CONFIGS["qwen2"]))
 CONFIGS["qwen3_vl"] = dict(model_type="qwen3_vl", text_config=dict(
     model_type="qwen3", hidden_size=64, num_hidden_layers=4, intermediate_size=128, num_attention_heads=4,
     num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, vocab_size=VOCAB, rope_theta=10000.0,
@@ -94,7 +95,7 @@ CONFIGS["qwen3_vl"] = dict(model_type="qwen3_vl", text_config=dict(
 ARCHS = tuple(CONFIGS)
 SLIDING = ("gemma3_text", "gemma4_text", "gemma4_text_moe", "gpt_oss")
 HYBRIDS = ("qwen3_next", "qwen3_5", "lfm2", "nemotron_h")
-WRAPPERS = ("gemma4", "gemma3", "mistral3", "qwen3_vl", "qwen3_5")
+WRAPPERS = ("gemma4", "gemma3", "mistral3", "qwen2_vl", "qwen3_vl", "qwen3_5")
 
 
 def tiny_model(arch: str, seed: int = 0, scale: float = 1.0):
