@@ -1,6 +1,8 @@
-"""KV caches that can be trimmed back exactly after rejected drafts.
+"""Caches that can be trimmed back exactly after rejected drafts.
 
 Full-attention layers use mlx-lm's ``KVCache`` (its ``trim`` is exact).
+Recurrent layers of hybrid models keep mlx-lm's ``ArraysCache``; their
+rollback is :mod:`hf2q_py.recurrent`'s job.
 Sliding-window layers use :class:`SlidingWindowCache` instead of mlx-lm's
 ``RotatingKVCache``: the rotating buffer overwrites the oldest entries in
 place, so trimming after the window has wrapped leaves the wrong keys behind.
@@ -15,7 +17,7 @@ from typing import Any, Sequence
 
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, RotatingKVCache
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
 from .errors import UnsupportedModelError
 
@@ -133,8 +135,8 @@ class SlidingWindowCache:
 def make_cache(model: Any, slack: int = DEFAULT_SLACK) -> list[Any]:
     """The model's per-layer caches, with sliding layers made exactly trimmable.
 
-    Raises :class:`UnsupportedModelError` for caches that cannot be rolled back
-    (recurrent/SSM state), naming the cache type.
+    Raises :class:`UnsupportedModelError` for caches that cannot be rolled
+    back, naming the cache type.
     """
     if hasattr(model, "make_cache"):
         caches = model.make_cache()
@@ -142,7 +144,7 @@ def make_cache(model: Any, slack: int = DEFAULT_SLACK) -> list[Any]:
         caches = [KVCache() for _ in model.layers]
     out = []
     for c in caches:
-        if type(c) is KVCache:
+        if type(c) in (KVCache, ArraysCache):
             out.append(c)
         elif type(c) is RotatingKVCache:
             if c.keep:
@@ -154,22 +156,24 @@ def make_cache(model: Any, slack: int = DEFAULT_SLACK) -> list[Any]:
             raise UnsupportedModelError(
                 f"{type(model).__module__.split('.')[-1]} uses a {type(c).__name__} layer "
                 "cache, which cannot be trimmed back after rejected drafts; "
-                "hf2q-py supports attention models with KV caches only"
+                "hf2q-py supports KV caches and recurrent ArraysCache layers"
             )
     return out
 
 
 def trim_cache(caches: Sequence[Any], n: int) -> None:
-    """Remove the last ``n`` positions from every layer cache."""
+    """Remove the last ``n`` positions from every layer's KV cache."""
     if n > 0:
         for c in caches:
             c.trim(n)
 
 
-def cache_offset(caches: Sequence[Any]) -> int:
-    return caches[0].offset if caches else 0
-
-
 def cache_state(caches: Sequence[Any]) -> list[Any]:
     """Arrays to evaluate so the caches are materialised."""
-    return [c.state for c in caches if not c.empty()]
+    out = []
+    for c in caches:
+        if isinstance(c, ArraysCache):
+            out.extend(a for a in c.cache if a is not None)
+        elif not c.empty():
+            out.append(c.state)
+    return out

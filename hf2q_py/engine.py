@@ -64,7 +64,7 @@ def generate_tokens(
     eos = set(eos_token_ids)
     stats.prompt_tokens = len(prompt)
 
-    rt = target.runtime(slack=max(64, policy.k_max + 2))
+    rt = target.runtime(slack=max(64, policy.k_max + 2), rollback=policy.k_max + 2)
     t0 = time.perf_counter()
     hidden = _prefill(rt, prompt, proposer.capture_layers)
     stats.prefill_seconds = time.perf_counter() - t0

@@ -20,10 +20,31 @@ import mlx.nn as nn
 from .errors import UnsupportedModelError
 
 
+def language_model(model: Any) -> Any:
+    """The text model inside a multimodal wrapper (its ``language_model``), else ``model``."""
+    lm = getattr(model, "language_model", None)
+    return lm if isinstance(lm, nn.Module) else model
+
+
+#: Attribute names of a decoder's final norm and token embedding in mlx-lm models.
+FINAL_NORMS = ("norm", "norm_f", "embedding_norm")
+EMBEDDINGS = ("embed_tokens", "embeddings")
+
+
+def final_norm_name(decoder: Any) -> str | None:
+    """The attribute holding ``decoder``'s final norm (LFM2: ``embedding_norm``, Nemotron-H: ``norm_f``)."""
+    return next((n for n in FINAL_NORMS if isinstance(getattr(decoder, n, None), nn.Module)), None)
+
+
+def embedding(decoder: Any) -> Any:
+    """``decoder``'s token embedding, or None."""
+    return next((e for n in EMBEDDINGS if (e := getattr(decoder, n, None)) is not None), None)
+
+
 def find_decoder(model: Any) -> Any:
-    """The inner module holding ``layers`` (a list) and the final ``norm``."""
+    """The inner module holding ``layers`` (a list) and the final norm."""
     candidates = [model]
-    for name in ("model", "language_model"):
+    for name in ("model", "language_model", "backbone"):
         sub = getattr(model, name, None)
         if sub is not None:
             candidates.append(sub)
@@ -31,9 +52,7 @@ def find_decoder(model: Any) -> Any:
             if inner is not None:
                 candidates.append(inner)
     for c in reversed(candidates):
-        if isinstance(getattr(c, "layers", None), list) and isinstance(
-            getattr(c, "norm", None), nn.Module
-        ):
+        if isinstance(getattr(c, "layers", None), list) and final_norm_name(c) is not None:
             return c
     return None
 
@@ -65,7 +84,11 @@ class _Tap(nn.Module):
             return getattr(layer, name)
 
     def __call__(self, x, *args, **kwargs):
-        out = x if self.skip else self.layer(x, *args, **kwargs)
+        if self.skip:
+            # gemma4_text layers also pass on the shared KV and its offset
+            out = (x, kwargs["shared_kv"], kwargs.get("offset")) if "shared_kv" in kwargs else x
+        else:
+            out = self.layer(x, *args, **kwargs)
         if self.rec is not None:
             self.rec.layers[self.index] = out[0] if isinstance(out, tuple) else out
         return out
@@ -85,16 +108,37 @@ class _FinalNorm(nn.Module):
         return y
 
 
+def kv_sources(model: Any) -> dict[int, int]:
+    """KV-shared layers -> the earlier layer whose KV cache each one reads
+    (gemma4_text with ``num_kv_shared_layers > 0``); empty for other models."""
+    prev = getattr(find_decoder(model), "previous_kvs", None)
+    return {j: i for j, i in enumerate(prev) if i != j} if prev else {}
+
+
 def check_skippable(model: Any) -> None:
-    """Layer skipping needs decoder layers that map hidden -> hidden."""
+    """Layer skipping needs decoder layers that map hidden -> hidden, with
+    the caches belonging to the first layers in order (KV-shared layers last)."""
     dec = find_decoder(model)
     if dec is None:
         raise UnsupportedModelError("cannot find the decoder layers of this model")
-    if getattr(getattr(model, "args", None), "num_kv_shared_layers", 0):
-        raise UnsupportedModelError(
-            "layer skipping is not supported for models whose layers share KV caches "
-            "(gemma4_text with num_kv_shared_layers > 0)"
-        )
+    if hasattr(model, "make_cache"):
+        n_caches, n_layers = len(model.make_cache()), len(dec.layers)
+        if n_caches != n_layers - len(kv_sources(model)):
+            raise UnsupportedModelError(
+                f"layer skipping needs one cache per layer; {type(language_model(model)).__module__.split('.')[-1]} "
+                f"has {n_caches} caches for {n_layers} layers"
+            )
+
+
+def check_skip_set(model: Any, skip: Sequence[int]) -> None:
+    """Refuse a skip set that skips a layer whose KV cache a running layer reads."""
+    skip = set(skip)
+    for shared, source in sorted(kv_sources(model).items()):
+        if source in skip and shared not in skip:
+            raise UnsupportedModelError(
+                f"cannot skip layer {source}: KV-shared layer {shared} reads its cache "
+                f"(skip layer {shared} too, or keep layer {source})"
+            )
 
 
 @contextmanager
@@ -120,20 +164,21 @@ def tapped(
         if capture_layers or capture_final or skip_layers:
             raise UnsupportedModelError(
                 f"hidden-state capture and layer skipping need a decoder with "
-                f"'layers' and 'norm'; {type(model).__module__} has none"
+                f"'layers' and a final norm; {type(model).__module__} has none"
             )
         yield rec
         return
     layers: list = dec.layers
     saved = list(layers)
-    saved_norm = dec.norm
+    norm_name = final_norm_name(dec)
+    saved_norm = getattr(dec, norm_name)
     try:
         skip, capture = set(skip_layers), set(capture_layers)
         for i in skip | capture:
             layers[i] = _Tap(saved[i], i, rec if i in capture else None, i in skip)
         if capture_final or keep_positions is not None:
-            dec.norm = _FinalNorm(saved_norm, rec if capture_final else None, keep_positions)
+            setattr(dec, norm_name, _FinalNorm(saved_norm, rec if capture_final else None, keep_positions))
         yield rec
     finally:
         layers[:] = saved
-        dec.norm = saved_norm
+        setattr(dec, norm_name, saved_norm)

@@ -9,14 +9,17 @@ same forward. All results are lazy MLX arrays.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
 
 
 import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache
 
 from .cache import DEFAULT_SLACK, cache_state, make_cache, trim_cache
-from .taps import find_decoder, tapped
+from .recurrent import RecurrentLog
+from .taps import embedding, find_decoder, language_model, tapped
 
 PREFILL_CHUNK = 512  # small enough that Ctrl-C (seen between chunks) answers within seconds
 
@@ -33,10 +36,17 @@ class Forward:
 
 
 class Target:
-    """A language model and its tokenizer, ready for generation."""
+    """A language model and its tokenizer, ready for generation.
+
+    For multimodal wrappers (``gemma3``, ``gemma4``, ``mistral3``, ``qwen3_5``,
+    the Qwen VL families as mlx-lm builds them), ``lm`` is the text model
+    inside, whose configuration the properties read; ``model`` stays the
+    wrapper that forwards are run on.
+    """
 
     def __init__(self, model: Any, tokenizer: Any = None, *, source: str = "<in-memory>"):
         self.model = model
+        self.lm = language_model(model)
         self.tokenizer = tokenizer
         self.source = source
         self._decoder = find_decoder(model)
@@ -54,45 +64,88 @@ class Target:
         return cls(model, tokenizer)
 
     @property
+    def layers(self) -> list:
+        """The language model's decoder layers."""
+        return self._decoder.layers if self._decoder is not None else self.lm.layers
+
+    @property
     def num_layers(self) -> int:
-        return len(self.model.layers)
+        return len(self.layers)
+
+    def config(self, name: str) -> Any:
+        """A field of the language model's configuration, or None."""
+        value = _config_value(self.lm, name)
+        return _config_value(self.model, name) if value is None else value
+
+    @property
+    def model_type(self) -> str:
+        return str(self.config("model_type") or "")
 
     @property
     def hidden_size(self) -> int:
-        return _config_value(self.model, "hidden_size")
+        return self.config("hidden_size")
 
     @property
     def embed_tokens(self) -> Any:
-        return self._decoder.embed_tokens
+        return embedding(self._decoder)
+
+    @property
+    def embed_scale(self) -> float:
+        """What the model multiplies its token embeddings by (Gemma: sqrt(hidden))."""
+        scale = getattr(self._decoder, "embed_scale", None)
+        if scale is None and self.model_type.startswith("gemma"):
+            scale = self.hidden_size**0.5
+        return float(scale or 1.0)
+
+    @property
+    def lm_head(self) -> Any:
+        """The output projection (the embedding's ``as_linear`` when tied)."""
+        head = getattr(self.lm, "lm_head", None)
+        return head if head is not None else self.embed_tokens.as_linear
+
+    @property
+    def softcap(self) -> float | None:
+        """The final logit soft-capping value, or None."""
+        cap = getattr(self.lm, "final_logit_softcapping", None)
+        return cap if cap is not None else self.config("final_logit_softcapping")
+
+    @property
+    def sliding_window(self) -> int | None:
+        return self.config("sliding_window")
 
     @property
     def vocab_size(self) -> int:
-        return _config_value(self.model, "vocab_size")
+        return self.config("vocab_size")
 
-    def runtime(self, slack: int = DEFAULT_SLACK) -> "Runtime":
+    def runtime(self, slack: int = DEFAULT_SLACK, rollback: int | None = None) -> "Runtime":
         """A fresh sequence with an empty cache; ``slack`` bounds multi-step rollback
-        on sliding-window layers."""
-        return Runtime(self, slack)
+        on sliding-window layers, ``rollback`` (default: ``slack``) on recurrent ones."""
+        return Runtime(self, slack, rollback)
 
 
 def _config_value(model: Any, name: str) -> Any:
     args = getattr(model, "args", None) or getattr(model, "config", None)
-    value = getattr(args, name, None)
-    if value is None and isinstance(args, dict):
-        value = args.get(name)
+    value = args.get(name) if isinstance(args, dict) else getattr(args, name, None)
     if value is None:
-        text = getattr(args, "text_config", None)
-        value = getattr(text, name, None) if text is not None else None
+        text = args.get("text_config") if isinstance(args, dict) else getattr(args, "text_config", None)
+        value = text.get(name) if isinstance(text, dict) else getattr(text, name, None)
     return value
 
 
 class Runtime:
-    """One sequence's KV cache and the forwards over it."""
+    """One sequence's caches and the forwards over it.
 
-    def __init__(self, target: Target, slack: int = DEFAULT_SLACK):
+    ``trim`` is exact on every cache kind: attention KV caches drop positions,
+    recurrent layers (hybrid models) get back their state after the kept
+    positions through a :class:`~hf2q_py.recurrent.RecurrentLog`, which can
+    roll back the last ``rollback`` positions of short forwards.
+    """
+
+    def __init__(self, target: Target, slack: int = DEFAULT_SLACK, rollback: int | None = None):
         self.target = target
         self.model = target.model
         self.cache = make_cache(self.model, slack)
+        self.recurrent = RecurrentLog.create(target.layers, self.cache, rollback or slack)
         self.offset = 0
 
     def forward(
@@ -115,12 +168,15 @@ class Runtime:
             capture_final=capture_final,
             keep_positions=keep,
             skip_layers=skip_layers,
-        ) as rec:
+        ) as rec, self._recording(x.shape[1]):
             out = self.model(x, cache=self.cache)
         self.offset += x.shape[1]
         if self.target._decoder is None and keep is not None:
             out = out[:, keep]
         return Forward(None if logits == "none" else out[0], rec.layers, rec.final)
+
+    def _recording(self, length: int):
+        return self.recurrent.recording(length) if self.recurrent is not None else nullcontext()
 
     def prefill(
         self,
@@ -174,7 +230,9 @@ class Runtime:
         if n < 0 or n > self.offset:
             raise ValueError(f"cannot trim {n} positions from a cache of {self.offset}")
         skipped = set(skip_layers)
-        trim_cache([c for i, c in enumerate(self.cache) if i not in skipped], n)
+        trim_cache([c for i, c in enumerate(self.cache) if i not in skipped and not isinstance(c, ArraysCache)], n)
+        if self.recurrent is not None:
+            self.recurrent.trim(n)
         self.offset -= n
 
     def state(self) -> list[Any]:

@@ -42,10 +42,60 @@ CONFIGS = {
         rms_norm_eps=1e-6, final_logit_softcapping=30.0, enable_moe_block=True,
         num_experts=4, top_k_experts=2, moe_intermediate_size=32,
     ),
+    # hybrids: recurrent layers (gated delta, short conv, Mamba-2) between attention layers
+    "qwen3_next": dict(
+        model_type="qwen3_next", hidden_size=64, num_hidden_layers=4, intermediate_size=128,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_value_heads=4,
+        linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+        num_experts=0, num_experts_per_tok=0, decoder_sparse_step=1, shared_expert_intermediate_size=0,
+        mlp_only_layers=[], moe_intermediate_size=0, rms_norm_eps=1e-6, vocab_size=VOCAB, rope_theta=10000.0,
+        partial_rotary_factor=0.5, max_position_embeddings=4096, full_attention_interval=2,
+    ),
+    "qwen3_5": dict(  # the multimodal wrapper, as Qwen3.5 checkpoints load
+        model_type="qwen3_5", text_config=dict(
+            model_type="qwen3_5_text", hidden_size=64, num_hidden_layers=4, intermediate_size=128,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_value_heads=4,
+            linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+            vocab_size=VOCAB, full_attention_interval=2, tie_word_embeddings=False,
+            rope_parameters=dict(type="default", mrope_section=[2, 1, 1], rope_theta=10000, partial_rotary_factor=0.5),
+        ),
+    ),
+    "lfm2": dict(
+        model_type="lfm2", vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=4096, norm_eps=1e-5, conv_bias=False, conv_L_cache=3,
+        block_dim=64, block_multiple_of=16, block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=False,
+        block_ff_dim=128, full_attn_idxs=[1, 3],
+    ),
+    "nemotron_h": dict(  # Mamba-2 layers ("M"), attention ("*"), MLP ("-")
+        model_type="nemotron_h", vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+        max_position_embeddings=4096, num_attention_heads=4, num_key_value_heads=2, attention_bias=False,
+        mamba_num_heads=4, mamba_head_dim=16, mamba_proj_bias=False, ssm_state_size=16, conv_kernel=4,
+        n_groups=1, mlp_bias=False, layer_norm_epsilon=1e-5, use_bias=False, use_conv_bias=True,
+        hybrid_override_pattern=["M", "*", "M", "-"], head_dim=16, time_step_limit=(0.0, float("inf")),
+    ),
+    "gpt_oss": dict(  # attention sinks, sliding window 8 on every second layer, MoE
+        model_type="gpt_oss", num_hidden_layers=4, num_local_experts=4, num_experts_per_tok=2, vocab_size=VOCAB,
+        rms_norm_eps=1e-5, hidden_size=64, intermediate_size=64, head_dim=16, num_attention_heads=4,
+        num_key_value_heads=2, sliding_window=8, rope_theta=10000,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+    ),
 }
+# multimodal wrappers as mlx-lm builds them: the text model under ``language_model``
+CONFIGS["gemma4"] = dict(model_type="gemma4", text_config=dict(CONFIGS["gemma4_text"]), vocab_size=VOCAB)
+CONFIGS["gemma3"] = dict(model_type="gemma3", text_config=dict(CONFIGS["gemma3_text"]), vocab_size=VOCAB)
+CONFIGS["mistral3"] = dict(model_type="mistral3", text_config=dict(CONFIGS["llama"]))
+CONFIGS["qwen2_vl"] = dict(model_type="qwen2_vl", text_config=dict(CONFIGS["qwen2"]))
+CONFIGS["qwen3_vl"] = dict(model_type="qwen3_vl", text_config=dict(
+    model_type="qwen3", hidden_size=64, num_hidden_layers=4, intermediate_size=128, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, vocab_size=VOCAB, rope_theta=10000.0,
+    tie_word_embeddings=True, max_position_embeddings=4096,
+    rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3]},
+))
 
 ARCHS = tuple(CONFIGS)
-SLIDING = ("gemma3_text", "gemma4_text", "gemma4_text_moe")
+SLIDING = ("gemma3_text", "gemma4_text", "gemma4_text_moe", "gpt_oss")
+HYBRIDS = ("qwen3_next", "qwen3_5", "lfm2", "nemotron_h")
+WRAPPERS = ("gemma4", "gemma3", "mistral3", "qwen2_vl", "qwen3_vl", "qwen3_5")
 
 
 def tiny_model(arch: str | dict, seed: int = 0, scale: float = 1.0, **overrides):
@@ -67,6 +117,10 @@ def tiny_model(arch: str | dict, seed: int = 0, scale: float = 1.0, **overrides)
         return mx.random.normal(x.shape, key=next(keys)) * (scale / x.shape[-1] ** 0.5)
 
     model.update(tree_map(rnd, params))
+    for layer in model.layers:
+        attn = getattr(layer, "self_attn", None)
+        if attn is not None and "sinks" in attn:  # gpt-oss: give the sinks weight
+            attn.sinks = mx.random.normal(attn.sinks.shape, key=next(keys))
     model.set_dtype(mx.float32)
     mx.eval(model.parameters())
     return model
@@ -100,3 +154,19 @@ def random_prompt(n: int, seed: int = 0) -> list[int]:
 
     rng = random.Random(seed)
     return [rng.randrange(VOCAB) for _ in range(n)]
+
+
+def perturbed_target(arch: str, scale: float = 1.0, noise: float = 0.05, seed: int = 0) -> Target:
+    """The ``tiny_target(arch, seed, scale)`` model with small random changes to
+    its weights: a draft model that agrees with the target often, not always."""
+    model = tiny_model(arch, seed, scale)
+    keys = iter(mx.random.split(mx.random.key(seed + 7), 10_000))
+
+    def jitter(x):
+        if x.ndim < 2:
+            return x
+        return x + mx.random.normal(x.shape, key=next(keys)) * noise * mx.abs(x).mean()
+
+    model.update(tree_map(jitter, model.parameters()))
+    mx.eval(model.parameters())
+    return Target.from_mlx_lm(model)

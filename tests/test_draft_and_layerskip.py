@@ -165,8 +165,3 @@ def test_skip_recipes():
     for bad in ("99", "early:0", "middle:30", "x,y", ""):
         with pytest.raises(Hf2qError):
             skip_recipe(bad, 30)
-
-
-def test_layer_skip_refuses_kv_sharing_models():
-    with pytest.raises(UnsupportedModelError, match="share"):
-        hf2q_py.generate(tiny_target("gemma4_text"), [1, 2, 3], max_tokens=4, method="layerskip", skip_layers=[1])

@@ -4,7 +4,7 @@ import random
 
 import mlx.core as mx
 import pytest
-from models import ARCHS, SLIDING, random_prompt, tiny_model, tiny_target
+from models import ARCHS, HYBRIDS, SLIDING, random_prompt, tiny_model, tiny_target
 
 from hf2q_py.cache import SlidingWindowCache
 from hf2q_py.errors import UnsupportedModelError
@@ -63,14 +63,19 @@ def test_capture_returns_layer_outputs_from_the_same_forward(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("seed", range(4))
 def test_trim_then_extend_equals_a_fresh_prefill(arch, seed):
-    """prefill(A+B); trim(len(B)); prefill(C) == prefill(A+C), A far past the window."""
+    """prefill(A+B); trim(len(B)); prefill(C) == prefill(A+C), A far past the window.
+    Recurrent state rolls back within short forwards only: hybrids get A, then B."""
     rng = random.Random(seed)
     target = tiny_target(arch)
     a = random_prompt(rng.choice([5, 17, 40, 70]), seed)
     b = random_prompt(rng.randint(1, 12), seed + 100)
     c = random_prompt(rng.randint(1, 12), seed + 200)
     rt = target.runtime()
-    rt.prefill(a + b, logits="none")
+    if arch in HYBRIDS:
+        rt.prefill(a, logits="none")
+        rt.prefill(b, logits="none")
+    else:
+        rt.prefill(a + b, logits="none")
     rt.trim(len(b))
     got = rt.prefill(c, logits="all").logits
     fresh = target.runtime().prefill(a + c, logits="all").logits[len(a) :]
@@ -106,10 +111,19 @@ def test_sliding_cache_refuses_a_trim_beyond_its_slack():
     assert cache.trim(3 + 2) == 5
 
 
-def test_recurrent_caches_are_refused_up_front():
+def test_recurrent_caches_without_a_convolution_state_are_refused_up_front():
     from mlx_lm.models.cache import ArraysCache
 
     model = tiny_model("llama")
     model.make_cache = lambda: [ArraysCache(2) for _ in model.layers]
-    with pytest.raises(UnsupportedModelError, match="cannot be trimmed"):
+    with pytest.raises(UnsupportedModelError, match="cannot roll back"):
+        Target.from_mlx_lm(model).runtime()
+
+
+def test_caches_of_unknown_kinds_are_refused_up_front():
+    from mlx_lm.models.cache import ChunkedKVCache
+
+    model = tiny_model("llama")
+    model.make_cache = lambda: [ChunkedKVCache(8) for _ in model.layers]
+    with pytest.raises(UnsupportedModelError, match="ChunkedKVCache layer cache, which cannot be trimmed"):
         Target.from_mlx_lm(model).runtime()

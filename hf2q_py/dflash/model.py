@@ -8,9 +8,12 @@ target.
   context positions) into the drafter's KV cache.
 - Block: ``[last_token] + [mask_token] * (block_size - 1)``, embedded with the
   target's embedding, at the positions that follow the context. Its queries
-  attend to the cached context and to the whole block (no causal mask); the
-  drafts come from the last ``block_size - 1`` positions through the target's
-  own LM head.
+  attend to the cached context and to the block: the whole block in
+  ``full_attention`` layers; in ``sliding_attention`` layers causally and
+  within ``sliding_window`` positions (context included), as in the published
+  reference. A config's ``is_causal`` overrides the causality of every layer
+  (non-causal sliding layers see the window on both sides). The drafts come
+  from the last ``block_size - 1`` positions through the target's own LM head.
 
 The drafter has no embedding or head of its own; ``TargetHead`` lends them.
 Weight names and config.json follow the published (z-lab) format.
@@ -27,6 +30,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..errors import Hf2qError, ModelLoadError, one_line
+from ..taps import final_norm_name
 from ..validate import check_float, check_int
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -53,6 +57,8 @@ class DrafterConfig:
     max_position_embeddings: int = 32768
     layer_types: tuple[str, ...] = field(default_factory=tuple)
     sliding_window: int | None = None
+    is_causal: bool | None = None  # None: sliding layers causal, full layers bidirectional
+    input_embedding_scale: float | None = None  # None: the target's own embedding scale
 
     def __post_init__(self):
         self.target_layer_ids = tuple(int(i) for i in self.target_layer_ids)
@@ -112,6 +118,8 @@ class DrafterConfig:
             max_position_embeddings=cfg.get("max_position_embeddings", 32768),
             layer_types=tuple(cfg.get("layer_types") or ()),
             sliding_window=cfg.get("sliding_window"),
+            is_causal=cfg.get("is_causal"),
+            input_embedding_scale=dflash.get("input_embedding_scale", cfg.get("input_embedding_scale")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -119,8 +127,11 @@ class DrafterConfig:
         d = asdict(self)
         dflash = {"mask_token_id": d.pop("mask_token_id"), "target_layer_ids": list(d.pop("target_layer_ids"))}
         d["layer_types"] = list(d["layer_types"])
-        if d["rope_scaling"] is None:
-            d.pop("rope_scaling")
+        for optional in ("rope_scaling", "is_causal", "input_embedding_scale"):
+            if d[optional] is None:
+                d.pop(optional)
+        if "input_embedding_scale" in d:
+            dflash["input_embedding_scale"] = d.pop("input_embedding_scale")
         return {"architectures": [ARCHITECTURE], "model_type": "qwen3", **d, "dflash_config": dflash,
                 "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False}
 
@@ -164,7 +175,9 @@ class DrafterAttention(nn.Module):
         h, d = cfg.hidden_size, cfg.head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
         self.scale = d**-0.5
-        self.window = cfg.sliding_window if cfg.layer_types[layer] == "sliding_attention" else None
+        sliding = cfg.layer_types[layer] == "sliding_attention"
+        self.window = cfg.sliding_window if sliding else None
+        self.causal = sliding if cfg.is_causal is None else bool(cfg.is_causal)
         self.q_proj = nn.Linear(h, self.n_heads * d, bias=False)
         self.k_proj = nn.Linear(h, self.n_kv_heads * d, bias=False)
         self.v_proj = nn.Linear(h, self.n_kv_heads * d, bias=False)
@@ -210,11 +223,27 @@ class DrafterAttention(nn.Module):
             k_pos = (start.reshape(-1, 1, 1, 1) - S) + mx.arange(S).reshape(1, 1, 1, S)
             in_window = (q_pos - k_pos) < self.window
             ctx_visible = in_window if ctx_visible is None else ctx_visible & in_window
-        if ctx_visible is not None:
-            block = mx.ones((*ctx_visible.shape[:3], L), dtype=mx.bool_)
-            mask = mx.concatenate([mx.broadcast_to(ctx_visible, (*ctx_visible.shape[:3], S)), block], axis=-1)
+        block = self._block_mask(L)
+        if ctx_visible is not None or block is not None:
+            n = ctx_visible.shape[0] if ctx_visible is not None else 1
+            ctx = mx.ones((n, 1, L, S), dtype=mx.bool_) if ctx_visible is None else mx.broadcast_to(ctx_visible, (n, 1, L, S))
+            blk = mx.ones((n, 1, L, L), dtype=mx.bool_) if block is None else mx.broadcast_to(block, (n, 1, L, L))
+            mask = mx.concatenate([ctx, blk], axis=-1)
         out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(N, L, -1))
+
+
+    def _block_mask(self, L: int) -> mx.array | None:
+        """Which block keys each block query sees: None for all of them."""
+        if not self.causal and self.window is None:
+            return None
+        i, j = mx.arange(L).reshape(L, 1), mx.arange(L).reshape(1, L)
+        visible = j <= i if self.causal else mx.ones((L, L), dtype=mx.bool_)
+        if self.window is not None:
+            visible = visible & ((i - j) < self.window)
+            if not self.causal:
+                visible = visible & ((j - i) < self.window)
+        return visible
 
 
 class DrafterMLP(nn.Module):
@@ -321,26 +350,18 @@ class Drafter(nn.Module):
 
 
 class TargetHead:
-    """The target's embedding (with its scale) and LM head (with its softcap),
-    lent to the drafter."""
+    """The target's embedding (with its scale, or the drafter config's
+    ``input_embedding_scale``) and LM head (with its softcap), lent to the drafter."""
 
-    def __init__(self, target: Any):
-        model = target.model
-        decoder = target._decoder
-        if decoder is None or not hasattr(decoder, "embed_tokens"):
-            raise Hf2qError(f"cannot find the embedding of {type(model).__name__} to lend to the drafter")
-        self.embed_tokens = decoder.embed_tokens
-        scale = getattr(decoder, "embed_scale", None)
-        model_type = str(getattr(getattr(model, "args", None), "model_type", ""))
-        if scale is None and model_type.startswith("gemma"):
-            scale = target.hidden_size**0.5
-        self.scale = float(scale or 1.0)
-        head = getattr(model, "lm_head", None)
-        self.head = head if head is not None else self.embed_tokens.as_linear
-        cap = getattr(model, "final_logit_softcapping", None)
-        if cap is None:
-            cap = getattr(getattr(model, "args", None), "final_logit_softcapping", None)
-        self.softcap = cap
+    def __init__(self, target: Any, input_embedding_scale: float | None = None):
+        if target._decoder is None or target.embed_tokens is None:
+            raise Hf2qError(f"cannot find the embedding of {type(target.model).__name__} to lend to the drafter")
+        self.embed_tokens = target.embed_tokens
+        self.scale = target.embed_scale
+        if input_embedding_scale is not None:  # the drafter's config overrides it
+            self.scale = float(input_embedding_scale)
+        self.head = target.lm_head
+        self.softcap = target.softcap
 
     def embed(self, tokens: mx.array) -> mx.array:
         h = self.embed_tokens(tokens)
@@ -437,31 +458,34 @@ def default_layer_ids(num_target_layers: int, n: int) -> list[int]:
 
 
 def drafter_for(target: Any, *, layers: int = 1, target_layer_ids: Sequence[int] | None = None,
-                block_size: int = 16, mask_token_id: int | None = None, seed: int = 0) -> Drafter:
+                block_size: int = 16, mask_token_id: int | None = None, seed: int = 0,
+                layer_types: Sequence[str] | None = None, sliding_window: int | None = None) -> Drafter:
     """A freshly initialised drafter shaped after ``target`` (Qwen3-style
     layers with the target's width and head layout)."""
-    args = target.model.args
-    heads = getattr(args, "num_attention_heads")
+    cfg_of = target.config
+    heads = cfg_of("num_attention_heads")
     ids = list(target_layer_ids) if target_layer_ids is not None else default_layer_ids(target.num_layers, 3)
     cfg = DrafterConfig(
         hidden_size=target.hidden_size,
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=getattr(args, "num_key_value_heads", None) or heads,
-        head_dim=getattr(args, "head_dim", None) or target.hidden_size // heads,
-        intermediate_size=getattr(args, "intermediate_size"),
+        num_key_value_heads=cfg_of("num_key_value_heads") or heads,
+        head_dim=cfg_of("head_dim") or target.hidden_size // heads,
+        intermediate_size=cfg_of("intermediate_size") or cfg_of("block_ff_dim") or 4 * target.hidden_size,
         vocab_size=target.vocab_size,
         target_layer_ids=tuple(ids),
         mask_token_id=mask_token_id if mask_token_id is not None else target.vocab_size - 1,
         block_size=block_size,
         num_target_layers=target.num_layers,
-        rms_norm_eps=getattr(args, "rms_norm_eps", 1e-6),
-        rope_theta=float(getattr(args, "rope_theta", 10000.0)),
+        rms_norm_eps=cfg_of("rms_norm_eps") or 1e-6,
+        rope_theta=float(cfg_of("rope_theta") or 10000.0),
+        layer_types=tuple(layer_types or ()),
+        sliding_window=sliding_window,
     )
     mx.random.seed(seed)
     drafter = Drafter(cfg)
     check_against_target(cfg, target)
-    norm = getattr(target._decoder, "norm", None)
+    norm = getattr(target._decoder, final_norm_name(target._decoder) or "norm", None)
     if type(norm) is nn.RMSNorm and norm.weight.shape == drafter.norm.weight.shape:
         # start in the target's final-state space, so the borrowed head sees familiar scales
         drafter.norm.weight = mx.array(norm.weight).astype(drafter.norm.weight.dtype)

@@ -333,7 +333,7 @@ def train(target, cfg: TrainConfig, rows: Sequence[dict], *, log: Callable[[str]
                               block_size=cfg.block_size, mask_token_id=cfg.mask_token_id, seed=cfg.seed)
         state = {"step": 0, "history": []}
     dcfg = drafter.config
-    head = TargetHead(target)
+    head = TargetHead(target, dcfg.input_embedding_scale)
     log(f"features: {len(rows)} sequences, layers {list(dcfg.target_layer_ids)}")
     seqs = []
     for r in rows:

@@ -48,7 +48,7 @@ class DFlashProposer(Proposer):
     def __init__(self, target: Target, drafter: Drafter):
         self.drafter = drafter
         self.cfg = drafter.config
-        self.head = TargetHead(target)
+        self.head = TargetHead(target, self.cfg.input_embedding_scale)
         self.capture_layers = self.cfg.target_layer_ids
         self.cache = drafter.make_cache()
         self.pending: list[mx.array] = []

@@ -15,7 +15,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ..errors import Hf2qError
-from ..taps import check_skippable, find_decoder
+from ..taps import check_skip_set, check_skippable, embedding, find_decoder, language_model
 from ..target import Target
 from .base import Draft, Proposer
 
@@ -85,10 +85,11 @@ def draft_cost_share(model, skip: Sequence[int]) -> float:
     """Cost of a skip pass relative to a full single-token forward, taken as
     the share of weight bytes it reads (batch-1 decoding is bandwidth-bound):
     the layers it runs plus the output head, which is never skipped."""
+    model = language_model(model)
     sizes = [sum(v.nbytes for _, v in tree_flatten(layer.parameters())) for layer in model.layers]
     head = getattr(model, "lm_head", None)
     if head is None:  # tied: the embedding is the head
-        head = find_decoder(model).embed_tokens
+        head = embedding(find_decoder(model))
     head_bytes = sum(v.nbytes for _, v in tree_flatten(head.parameters()))
     total = sum(sizes) + head_bytes
     return (total - sum(sizes[i] for i in set(skip))) / total
@@ -103,6 +104,14 @@ def optimistic_speedup(draft_share: float, verify_cost, k_max: int, acceptance: 
         sum(acceptance**i for i in range(k + 1)) / (k * draft_share + verify_cost(k + 1))
         for k in range(1, k_max + 1)
     )
+
+
+def _valid(model, skip: Sequence[int]) -> bool:
+    try:
+        check_skip_set(model, skip)
+    except Hf2qError:
+        return False
+    return True
 
 
 class LayerSkipProposer(Proposer):
@@ -144,10 +153,11 @@ class LayerSkipProposer(Proposer):
             if self.MEMORY_KEY in target.remembered:
                 self.skip = target.remembered[self.MEMORY_KEY]
             else:
-                self.trials = [None, *auto_candidates(n)]
+                self.trials = [None, *[c for c in auto_candidates(n) if _valid(target.model, c)]]
                 self.skip = None
         else:
             self.skip = skip_recipe(skip, n)
+            check_skip_set(target.model, self.skip)
         self.trial_rounds = trial_rounds
         self.optimistic_acceptance = optimistic_acceptance
         self.k_max = k_max
