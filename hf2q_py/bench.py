@@ -25,7 +25,8 @@ class MethodSpec:
 
 _BOOL = {"fixed": ("adaptive", False), "adaptive": ("adaptive", True)}
 _INT = ("k", "ngram_min", "ngram_max")
-_FLOAT = ("draft_p_min",)
+_FLOAT = ("draft_p_min", "suffix_min_prob")
+_YES_NO = {"memory": None}
 
 
 def parse_method(text: str) -> MethodSpec:
@@ -42,6 +43,11 @@ def parse_method(text: str) -> MethodSpec:
         key = key.replace("-", "_")
         if not eq:
             raise Hf2qError(f"bad method option {item!r} in {text!r}: use key=value")
+        if key in _YES_NO:
+            if value.lower() not in ("0", "1", "true", "false", "yes", "no"):
+                raise Hf2qError(f"bad value for {key} in {text!r}: {value!r} (use 0 or 1)")
+            options[key] = value.lower() in ("1", "true", "yes")
+            continue
         try:
             options[key] = int(value) if key in _INT else float(value) if key in _FLOAT else value
         except ValueError:

@@ -12,6 +12,8 @@ from .sampling import SamplingConfig
 
 METHODS = ("baseline", "ngram", "draft", "layerskip", "dflash")
 DEFAULT_K = {"ngram": 16}  # default maximum draft length per method; 8 for the others
+NGRAM_PROPOSERS = ("suffix", "lookup")
+SUFFIX_DEFAULT_K = 32  # the suffix proposer sizes its own drafts: a larger cap
 
 
 @dataclass
@@ -32,6 +34,9 @@ class SpecConfig:
     draft_p_min: float = 0.0
     skip_layers: Sequence[int] | str | None = None
     drafter: Any = None  # DFlash block drafter: a Drafter or a folder path
+    ngram_proposer: str = "suffix"  # n-gram method: "suffix" (automaton) or "lookup" (prompt lookup)
+    memory: bool = True  # n-gram suffix proposer: draft from the Target's earlier generations
+    suffix_min_prob: float = 0.1  # suffix proposer: stop a draft below this probability
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -39,6 +44,12 @@ class SpecConfig:
         if self.k is not None:
             validate_k(self.k)
         validate_ngram(self.ngram_min, self.ngram_max)
+        if self.ngram_proposer not in NGRAM_PROPOSERS:
+            raise Hf2qError(
+                f"unknown n-gram proposer {self.ngram_proposer!r}; choose one of {', '.join(NGRAM_PROPOSERS)}"
+            )
+        if not 0.0 <= self.suffix_min_prob <= 1.0:
+            raise Hf2qError(f"suffix-min-prob must be in [0, 1], got {self.suffix_min_prob}")
         if not 0.0 <= self.draft_p_min < 1.0:
             raise Hf2qError(f"draft-p-min must be in [0, 1), got {self.draft_p_min}")
         if self.method == "draft" and self.draft is None:
@@ -49,7 +60,11 @@ class SpecConfig:
     @property
     def draft_length(self) -> int:
         """``k``, or the method's default when it is None."""
-        return self.k if self.k is not None else DEFAULT_K.get(self.method, 8)
+        if self.k is not None:
+            return self.k
+        if self.method == "ngram" and self.ngram_proposer == "suffix":
+            return SUFFIX_DEFAULT_K
+        return DEFAULT_K.get(self.method, 8)
 
 
 @dataclass

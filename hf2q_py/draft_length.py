@@ -78,20 +78,28 @@ class AdaptiveK:
         self.hits = [0.0] * self.k_max
         self.keyed: dict[Hashable, tuple[list[float], list[float]]] = {}  # key -> (tried, hits)
 
-    def rate(self, i: int, key: Hashable = None) -> float:
-        """Conditional acceptance estimate at draft position ``i`` (0-based);
-        a position barely tried yet borrows the estimate of the one before."""
-        prior = self.prior_rate if i == 0 or self.tried[i] >= 0.5 else self.rate(i - 1)
-        pooled = (self.hits[i] + prior * self.prior_weight) / (self.tried[i] + self.prior_weight)
+    def rates(self, key: Hashable = None) -> list[float]:
+        """Conditional acceptance estimate at every draft position; a position
+        barely tried yet borrows the (pooled) estimate of the one before."""
+        pooled: list[float] = []
+        w = self.prior_weight
+        for i in range(self.k_max):
+            prior = self.prior_rate if i == 0 or self.tried[i] >= 0.5 else pooled[i - 1]
+            pooled.append((self.hits[i] + prior * w) / (self.tried[i] + w))
         if key is None or key not in self.keyed:
             return pooled
         tried, hits = self.keyed[key]
-        return (hits[i] + pooled * self.key_weight) / (tried[i] + self.key_weight)
+        kw = self.key_weight
+        return [(h + p * kw) / (t + kw) for h, p, t in zip(hits, pooled, tried)]
+
+    def rate(self, i: int, key: Hashable = None) -> float:
+        """Conditional acceptance estimate at draft position ``i`` (0-based)."""
+        return self.rates(key)[i]
 
     def expected_tokens(self, k: int, key: Hashable = None) -> float:
         total, p = 1.0, 1.0
-        for i in range(k):
-            p *= self.rate(i, key)
+        for r in self.rates(key)[:k]:
+            p *= r
             total += p
         return total
 
@@ -109,8 +117,11 @@ class AdaptiveK:
 
     def best_k(self, key: Hashable = None) -> int:
         best, best_rate = 0, 1.0
-        for k in range(1, self.k_max + 1):
-            rate = self.expected_tokens(k, key) / self.cost(k + 1)
+        total, p = 1.0, 1.0
+        for k, r in enumerate(self.rates(key), start=1):
+            p *= r
+            total += p
+            rate = total / self.cost(k + 1)
             if rate > best_rate * 1.02:
                 best, best_rate = k, rate
         return best

@@ -203,6 +203,8 @@ def generate_tokens(
         extra = rt.offset - (len(tokens) - 1)
         if extra > 0:
             rt.trim(extra)
+        if proposer is not None:
+            proposer.finish(tokens)
 
 
 def _commit(

@@ -21,6 +21,11 @@ def build_proposer(
     timed = not (seeded_sampling and spec.method in ("draft", "layerskip", "dflash"))
     k = spec.draft_length
     policy = AdaptiveK(k, timed=timed) if spec.adaptive else FixedK(k)
+    if spec.method == "ngram" and spec.ngram_proposer == "suffix":
+        from .proposers.suffix import SuffixOptions, SuffixProposer
+
+        options = SuffixOptions(min_prob=spec.suffix_min_prob, min_match=spec.ngram_min)
+        return SuffixProposer(options, target.memory if spec.memory else None), policy
     if spec.method == "ngram":
         from .proposers.ngram import NgramProposer
 

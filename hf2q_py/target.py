@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
+from .memory import DraftMemory
 from .cache import DEFAULT_SLACK, cache_state, make_cache, trim_cache
 from .taps import find_decoder, tapped
 
@@ -42,6 +43,9 @@ class Target:
         self._decoder = find_decoder(model)
         #: Token ids that end generation (from the tokenizer; may be replaced).
         self.eos_token_ids: set[int] = set(tokenizer.eos_token_ids) if tokenizer is not None else set()
+        #: Earlier generations, drafted from by the n-gram method's suffix
+        #: proposer (``memory=False`` turns it off; ``memory.clear()`` empties it).
+        self.memory = DraftMemory()
 
     @classmethod
     def from_mlx_lm(cls, model: Any, tokenizer: Any = None) -> "Target":

@@ -11,7 +11,8 @@ class Proposer:
     The engine calls ``start`` once after prefill, then per round
     ``draft_key(tokens)`` (to choose K), ``propose(tokens, k)`` with every
     committed token so far (prompt included), and ``update`` after
-    verification with how many of the drafts were accepted. ``capture_layers`` names target layers whose hidden states
+    verification with how many of the drafts were accepted, and ``finish``
+    when generation ends. ``capture_layers`` names target layers whose hidden states
     the proposer wants; the engine captures them in the target's own forwards
     and passes them to ``start`` and ``update``.
     """
@@ -52,3 +53,7 @@ class Proposer:
         """After a round: ``tokens`` now holds every committed token; ``hidden``
         the captured states of the round's target forward (positions of the
         inputs, accepted ones first)."""
+
+    def finish(self, tokens: Sequence[int]) -> None:
+        """Called once when generation ends (also when it is stopped early),
+        with every committed token, prompt included."""

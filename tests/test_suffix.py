@@ -1,0 +1,156 @@
+"""The suffix proposer: automaton facts against brute force, draft sizing,
+the Target's memory of earlier generations, and losslessness end to end."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hf2q_py.errors import Hf2qError
+from hf2q_py.memory import DraftMemory
+from hf2q_py.proposers.suffix import SuffixAutomaton, SuffixOptions, SuffixProposer, depth_class
+
+
+def occurrences(tokens, w):
+    n = len(w)
+    return sum(1 for i in range(len(tokens) - n + 1) if tokens[i : i + n] == w)
+
+
+def longest_earlier_suffix(tokens):
+    """The longest suffix that also ends somewhere before the last token."""
+    best = 0
+    for n in range(1, len(tokens)):
+        w = tokens[-n:]
+        if any(tokens[j : j + n] == w for j in range(len(tokens) - n)):
+            best = n
+    return best
+
+
+def state_of(sam, w):
+    v = 0
+    for c in w:
+        v = sam.nxt[v][c]
+    return v
+
+
+@settings(max_examples=150, deadline=None)
+@given(tokens=st.lists(st.integers(0, 3), min_size=1, max_size=50))
+def test_the_automaton_finds_the_longest_earlier_suffix_and_counts_occurrences(tokens):
+    sam = SuffixAutomaton()
+    for i, t in enumerate(tokens):
+        sam.extend([t])
+        match = sam.link[sam.last]
+        assert (sam.length[match] if match > 0 else 0) == longest_earlier_suffix(tokens[: i + 1])
+    for n in range(1, 5):
+        for start in range(len(tokens) - n + 1):
+            w = tokens[start : start + n]
+            assert sam.count[state_of(sam, w)] == occurrences(tokens, w)
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=st.lists(st.integers(0, 3), min_size=1, max_size=40), query=st.lists(st.integers(0, 4), max_size=30))
+def test_streaming_match_is_the_longest_suffix_that_occurs(text, query):
+    sam = SuffixAutomaton()
+    sam.extend(text)
+    state, matched = 0, 0
+    for i, c in enumerate(query):
+        state, matched = sam.step(state, matched, c)
+        seen = query[: i + 1]
+        want = max((n for n in range(1, len(seen) + 1) if occurrences(text, seen[-n:])), default=0)
+        assert matched == want
+
+
+def test_drafts_follow_the_most_frequent_continuation_until_it_is_unlikely():
+    sam = SuffixAutomaton()
+    # after 7: "8 9" three times, "8 5" once; after "7 8": 9 with probability 3/4
+    sam.extend([7, 8, 9, 1, 7, 8, 9, 2, 7, 8, 9, 3, 7, 8, 5, 4, 7])
+    state = sam.link[sam.last]
+    drafts, expected, _ = sam.draft(state, 10, min_prob=0.5)
+    assert drafts[:2] == [8, 9]
+    # after "7 8 9" the three continuations 1, 2, 3 tie at 1/3: below 0.5, stop
+    assert drafts == [8, 9]
+    assert expected == pytest.approx(1.0 + 0.75)
+    assert sam.draft(state, 10, min_prob=0.0)[0][:3] == [8, 9, 3]  # ties: the latest
+
+
+def test_a_draft_is_sized_by_its_match_length():
+    p = SuffixProposer(SuffixOptions(min_prob=0.0, factor=1.0, offset=2))
+    ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0, 1]
+    p.start(None, ctx, {})
+    assert p.draft_key(ctx) == depth_class(1)
+    assert p.propose(ctx, 32) == [2, 3, 4]  # match of 1: at most 1 * 1 + 2 drafts
+    ctx2 = ctx + [2, 3, 4]
+    assert p.draft_key(ctx2) == 4
+    assert p.propose(ctx2, 32) == [5, 6, 7, 8, 9, 10]  # match of 4: 6 drafts
+    assert p.propose(ctx2, 3) == [5, 6, 7]  # and never more than k
+
+
+def test_no_match_no_drafts():
+    p = SuffixProposer()
+    p.start(None, [1, 2, 3], {})
+    assert p.draft_key([1, 2, 3]) == 0
+    assert p.propose([1, 2, 3], 8) == []
+
+
+def test_a_rewritten_history_is_reindexed():
+    p = SuffixProposer(SuffixOptions(min_prob=0.0))
+    p.start(None, [1, 2, 1], {})
+    assert p.propose([1, 2, 1], 2) == [2, 1]
+    assert p.propose([5, 6, 5], 2) == [6, 5]
+
+
+def test_memory_drafts_a_retried_answer():
+    memory = DraftMemory()
+    answer = [50, 51, 52, 53, 54, 55, 56, 57]
+    first = SuffixProposer(SuffixOptions(min_prob=0.0), memory)
+    first.start(None, [1, 2, 3], {})
+    first.finish([1, 2, 3, *answer])
+    assert len(memory) == len(answer)
+    retry = SuffixProposer(SuffixOptions(min_prob=0.0, offset=4), memory)
+    ctx = [1, 2, 3, 50]
+    retry.start(None, ctx, {})
+    assert retry.draft_key(ctx) == 1
+    assert retry.propose(ctx, 8) == [51, 52, 53, 54, 55]
+    assert retry.source_used == 1
+    # drafts never run past the end of a remembered generation
+    ctx = [1, 2, 3, *answer[:6]]
+    retry.start(None, ctx, {})
+    assert retry.propose(ctx, 8) == [56, 57]
+    memory.clear()
+    assert len(memory) == 0
+    retry.start(None, [1, 2, 3, 50], {})
+    assert retry.propose([1, 2, 3, 50], 8) == []
+
+
+def test_memory_is_bounded_and_least_recently_used():
+    memory = DraftMemory(max_tokens=10, max_entries=3)
+    memory.add([1, 2, 3, 4])
+    memory.add([5, 6, 7, 8])
+    memory.add([1, 2, 3, 4])  # held already: now the most recent
+    memory.add([9, 10, 11, 12])  # 12 tokens > 10: the least recent goes
+    assert list(memory.entries.values()) == [(1, 2, 3, 4), (9, 10, 11, 12)]
+    assert len(memory) == 8
+    memory.add([20, 21])
+    memory.add([22])  # a fourth entry: over max_entries
+    assert (1, 2, 3, 4) not in memory.entries.values()
+    assert len(memory.entries) == 3
+    # the rebuilt automaton holds exactly the kept entries
+    sam = memory.sam
+    assert sam.size == sum(len(t) + 1 for t in memory.entries.values())
+
+
+def test_memory_touch_keeps_a_drafted_entry():
+    memory = DraftMemory(max_tokens=7)
+    memory.add([1, 2, 3])
+    memory.add([4, 5, 6])
+    p = SuffixProposer(SuffixOptions(min_prob=0.0), memory)
+    p.start(None, [9, 1], {})
+    assert p.propose([9, 1], 4) == [2, 3]
+    memory.add([7, 8])  # 8 tokens > 7: the least recently used entry, [4, 5, 6], goes
+    assert list(memory.entries.values()) == [(1, 2, 3), (7, 8)]
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(Hf2qError, match="min-prob"):
+        SuffixProposer(SuffixOptions(min_prob=1.5))
+    with pytest.raises(Hf2qError, match="memory bounds"):
+        DraftMemory(max_tokens=0)
