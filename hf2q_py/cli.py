@@ -35,12 +35,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default="baseline", help="baseline, ngram, draft, layerskip or dflash")
-    p.add_argument("--k", type=_positive_int, default=None, help="(maximum) draft length per round (default: 16 for ngram, 8 otherwise)")
+    p.add_argument("--k", type=_positive_int, default=None, help="(maximum) draft length per round (default: 32 for ngram with the suffix proposer, 16 with lookup, 8 otherwise)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--adaptive", dest="adaptive", action="store_true", default=True, help="choose K each round from measured acceptance and cost (default)")
     mode.add_argument("--fixed-k", dest="adaptive", action="store_false", help="always draft up to K tokens")
     p.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram to look up (n-gram method)")
-    p.add_argument("--ngram-max", type=int, default=5, help="longest n-gram to look up (n-gram method)")
+    p.add_argument("--ngram-max", type=int, default=5, help="longest n-gram to look up (n-gram method, lookup proposer)")
+    p.add_argument("--ngram-proposer", default="suffix", choices=("suffix", "lookup"), help="n-gram method: suffix automaton with counts (default) or prompt lookup")
+    p.add_argument("--suffix-min-prob", type=float, default=0.1, help="suffix proposer: stop a draft where its estimated probability falls below this")
     p.add_argument("--draft-model", default=None, help="draft model (draft method): folder, HF repo id or GGUF")
     p.add_argument("--draft-p-min", type=float, default=0.0, help="stop drafting when the draft's confidence drops below this")
     p.add_argument("--skip-layers", default="auto", help="layer-skip set: auto, alternate, early:N, middle:N or a list like 3,5,7")
@@ -60,6 +62,8 @@ def spec_options(args: argparse.Namespace) -> dict:
         adaptive=args.adaptive,
         ngram_min=args.ngram_min,
         ngram_max=args.ngram_max,
+        ngram_proposer=args.ngram_proposer,
+        suffix_min_prob=args.suffix_min_prob,
         draft_p_min=args.draft_p_min,
         temperature=args.temp,
         top_p=args.top_p,

@@ -23,6 +23,8 @@ class DraftMemory:
 
     #: On a rebuild, the context's last ``window`` tokens are matched again.
     window = 256
+    #: Prompt tokens kept before each generation (they lead into it).
+    lead = 32
 
     def __init__(self, max_tokens: int = 32768, max_entries: int = 64):
         if max_tokens < 1 or max_entries < 1:
@@ -57,12 +59,15 @@ class DraftMemory:
         self.sam.extend(toks)
         self.sam.extend((-1 - eid,))
 
-    def add(self, tokens: Sequence[int]) -> None:
-        """Remember one generation (its first ``max_tokens`` tokens); adding
-        one already held only marks it as recently used."""
-        toks = tuple(tokens[: self.max_tokens])
-        if not toks:
+    def add(self, tokens: Sequence[int], generated: int | None = None) -> None:
+        """Remember one generation (its first ``max_tokens`` tokens), whose
+        last ``generated`` tokens (all by default) were generated and the
+        others lead into it; adding one already held only marks it as
+        recently used."""
+        generated = len(tokens) if generated is None else generated
+        if generated <= 0:
             return
+        toks = tuple(tokens[: self.max_tokens])
         eid = self._ids.get(toks)
         if eid is not None:
             self.entries.move_to_end(eid)

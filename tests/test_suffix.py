@@ -104,12 +104,15 @@ def test_memory_drafts_a_retried_answer():
     first = SuffixProposer(SuffixOptions(min_prob=0.0), memory)
     first.start(None, [1, 2, 3], {})
     first.finish([1, 2, 3, *answer])
-    assert len(memory) == len(answer)
+    assert list(memory.entries.values()) == [(1, 2, 3, *answer)]  # the prompt leads into the answer
     retry = SuffixProposer(SuffixOptions(min_prob=0.0, offset=4), memory)
-    ctx = [1, 2, 3, 50]
+    ctx = [7, 1, 2, 3]  # the same prompt: drafts from its first token
     retry.start(None, ctx, {})
-    assert retry.draft_key(ctx) == 1
-    assert retry.propose(ctx, 8) == [51, 52, 53, 54, 55]
+    assert retry.draft_key(ctx) == 3
+    assert retry.propose(ctx, 16) == answer[:7]  # a match of 3: up to 3 + 4
+    ctx = [9, 50]  # another prompt: a match of 1 drafts up to 1 + 4
+    retry.start(None, ctx, {})
+    assert retry.propose(ctx, 16) == [51, 52, 53, 54, 55]
     assert retry.source_used == 1
     # drafts never run past the end of a remembered generation
     ctx = [1, 2, 3, *answer[:6]]
@@ -117,8 +120,8 @@ def test_memory_drafts_a_retried_answer():
     assert retry.propose(ctx, 8) == [56, 57]
     memory.clear()
     assert len(memory) == 0
-    retry.start(None, [1, 2, 3, 50], {})
-    assert retry.propose([1, 2, 3, 50], 8) == []
+    retry.start(None, [9, 50], {})
+    assert retry.propose([9, 50], 8) == []
 
 
 def test_memory_is_bounded_and_least_recently_used():
@@ -154,3 +157,63 @@ def test_bad_options_are_refused():
         SuffixProposer(SuffixOptions(min_prob=1.5))
     with pytest.raises(Hf2qError, match="memory bounds"):
         DraftMemory(max_tokens=0)
+
+
+# -- end to end on tiny random models -------------------------------------------------
+
+from helpers import assert_same_greedy  # noqa: E402
+from models import random_prompt, tiny_target  # noqa: E402
+
+import hf2q_py  # noqa: E402
+from hf2q_py.bench import parse_method  # noqa: E402
+
+
+@pytest.mark.parametrize("arch, scale", [("llama", 1.0), ("llama", 2.0), ("gemma4_text", 1.5)])
+def test_suffix_ngram_is_lossless_and_a_retry_drafts_from_memory(arch, scale):
+    target = tiny_target(arch, scale=scale)
+    prompt = random_prompt(30, 4)
+    want = hf2q_py.generate(target, prompt, max_tokens=60).tokens
+    first = hf2q_py.generate(target, prompt, max_tokens=60, method="ngram", k=16)
+    assert_same_greedy(target.model, prompt, first.tokens, want)
+    assert len(target.memory) == len(first.tokens) + 30  # with the prompt leading into it
+    retry = hf2q_py.generate(target, prompt, max_tokens=60, method="ngram", k=16)
+    assert retry.tokens == first.tokens
+    assert retry.stats.accepted >= first.stats.accepted
+    assert retry.stats.mean_accepted_length > 3  # the earlier answer is drafted
+
+
+def test_memory_off_neither_reads_nor_writes_it():
+    target = tiny_target("llama")
+    prompt = random_prompt(30, 5)
+    plain = hf2q_py.generate(target, prompt, max_tokens=40).tokens
+    got = hf2q_py.generate(target, prompt, max_tokens=40, method="ngram", memory=False)
+    assert got.tokens == plain
+    assert len(target.memory) == 0
+    hf2q_py.generate(target, prompt, max_tokens=40, method="ngram")
+    assert len(target.memory) == 30 + 40
+    target.memory.clear()
+    assert len(target.memory) == 0
+
+
+def test_memory_belongs_to_its_target():
+    a, b = tiny_target("llama"), tiny_target("llama")
+    hf2q_py.generate(a, random_prompt(20, 6), max_tokens=20, method="ngram")
+    assert len(a.memory) == 40 and len(b.memory) == 0
+
+
+def test_the_lookup_proposer_stays_selectable():
+    target = tiny_target("llama")
+    prompt = (random_prompt(6, 3) * 6)[:30]
+    want = hf2q_py.generate(target, prompt, max_tokens=40).tokens
+    got = hf2q_py.generate(target, prompt, max_tokens=40, method="ngram", ngram_proposer="lookup")
+    assert got.tokens == want
+    assert len(target.memory) == 0  # only the suffix proposer remembers
+    with pytest.raises(Hf2qError, match="n-gram proposer"):
+        hf2q_py.generate(target, prompt, max_tokens=4, method="ngram", ngram_proposer="tree")
+
+
+def test_bench_method_options_name_the_proposer_and_memory():
+    m = parse_method("ngram:ngram_proposer=lookup,k=16,memory=0,suffix_min_prob=0.2")
+    assert m.options == dict(method="ngram", ngram_proposer="lookup", k=16, memory=False, suffix_min_prob=0.2)
+    with pytest.raises(Hf2qError, match="memory"):
+        parse_method("ngram:memory=maybe")

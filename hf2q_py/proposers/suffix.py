@@ -243,5 +243,7 @@ class SuffixProposer(Proposer):
         return drafts
 
     def finish(self, tokens: Sequence[int]) -> None:
-        if self.memory is not None:
-            self.memory.add(tokens[self.prompt_len :])
+        """Remember the generation with the prompt's last ``memory.lead``
+        tokens before it, so a retried prompt matches from its first token."""
+        if self.memory is not None and len(tokens) > self.prompt_len:
+            self.memory.add(tokens[max(0, self.prompt_len - self.memory.lead) :], len(tokens) - self.prompt_len)
