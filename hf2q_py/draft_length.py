@@ -49,7 +49,9 @@ class AdaptiveK:
     Proposers that know something about their drafts before drafting (the
     n-gram match depth) pass it as ``key``: each key keeps its own
     conditional rates, with the pooled rates as a prior of weight
-    ``key_weight``, so a new key starts from what is known overall.
+    ``key_weight``, so a new key starts from what is known overall; or, for
+    keys in ``key_priors``, from the proposer's own prior rate for that key
+    (e.g. measured acceptance per n-gram match depth).
 
     ``timed=False`` replaces measured costs by the prior model, so K depends
     only on acceptance: seeded sampling with a draft model or layer skip
@@ -71,6 +73,7 @@ class AdaptiveK:
     counts: dict[int, float] = field(default_factory=dict)
     cooldown: int = 8
     since_probe: int = 0
+    key_priors: dict = field(default_factory=dict)  # key -> prior conditional rate
 
     def __post_init__(self):
         validate_k(self.k_max)
@@ -86,7 +89,12 @@ class AdaptiveK:
         for i in range(self.k_max):
             prior = self.prior_rate if i == 0 or self.tried[i] >= 0.5 else pooled[i - 1]
             pooled.append((self.hits[i] + prior * w) / (self.tried[i] + w))
-        if key is None or key not in self.keyed:
+        if key is None:
+            return pooled
+        prior = self.key_priors.get(key)
+        if prior is not None:
+            pooled = [prior] * self.k_max
+        if key not in self.keyed:
             return pooled
         tried, hits = self.keyed[key]
         kw = self.key_weight

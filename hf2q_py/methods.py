@@ -25,7 +25,10 @@ def build_proposer(
         from .proposers.suffix import SuffixOptions, SuffixProposer
 
         options = SuffixOptions(min_prob=spec.suffix_min_prob, min_match=spec.ngram_min)
-        return SuffixProposer(options, target.memory if spec.memory else None), policy
+        proposer = SuffixProposer(options, target.memory if spec.memory else None)
+        if isinstance(policy, AdaptiveK):
+            policy.key_priors = dict(proposer.key_priors)
+        return proposer, policy
     if spec.method == "ngram":
         from .proposers.ngram import NgramProposer
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -173,8 +172,10 @@ def record_streams(target, workloads, max_tokens: int, log: Callable[[str], None
     return streams
 
 
-def measure_costs(target, context: Sequence[int], widths: Sequence[int] = COST_WIDTHS, repeats: int = 5) -> CostModel:
-    """Median seconds of a forward of each width (all logits) after ``context``."""
+def measure_costs(target, context: Sequence[int], widths: Sequence[int] = COST_WIDTHS, repeats: int = 15) -> CostModel:
+    """Seconds of a forward of each width (all logits) after ``context``: the
+    fastest of ``repeats`` (the least disturbed by other work), made
+    non-decreasing in the width."""
     import mlx.core as mx
 
     rt = target.runtime(slack=max(widths) + 2)
@@ -189,7 +190,11 @@ def measure_costs(target, context: Sequence[int], widths: Sequence[int] = COST_W
             mx.eval(fwd.logits)
             times[w].append(time.perf_counter() - t)
             rt.trim(w)
-    return CostModel({w: statistics.median(ts[1:]) for w, ts in times.items()})
+    best, seconds = 0.0, {}
+    for w in sorted(times):  # a wider forward never costs less
+        best = max(best, min(times[w][1:]))
+        seconds[w] = best
+    return CostModel(seconds)
 
 
 def save(path: str, streams: Sequence[Stream], cost: CostModel, source: str) -> None:
@@ -238,6 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hf2q_py.replay", description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", required=True, help="JSON file of recorded streams and forward costs")
     ap.add_argument("--record", action="store_true", help="record the streams with the model (greedy) first")
+    ap.add_argument("--measure-costs", action="store_true", help="measure the forward costs again (keep the streams)")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--only", default=None, help="replay only streams whose name contains this text")
     ap.add_argument("--methods", default="ngram;ngram:ngram_proposer=lookup,k=16",
@@ -252,7 +258,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             streams = record_streams(target, default_workloads(), args.max_tokens)
             cost = measure_costs(target, streams[0].prompt + streams[0].output)
             save(args.streams, streams, cost, target.source)
+        elif args.measure_costs:
+            import hf2q_py
+
+            target = hf2q_py.load(dtype="float32")
+            streams, _ = load(args.streams)
+            cost = measure_costs(target, streams[0].prompt + streams[0].output)
+            save(args.streams, streams, cost, target.source)
         streams, cost = load(args.streams)
+        print("modelled forward cost relative to one token: "
+              + ", ".join(f"{w}: {cost(w) / cost(1):.2f}" for w in sorted(cost.seconds)) + "\n")
         streams = [s for s in streams if args.only is None or args.only in s.name]
         rows = []
         for text in [m for m in (x.strip() for x in args.methods.split(";")) if m]:
