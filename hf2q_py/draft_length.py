@@ -117,19 +117,38 @@ class AdaptiveK:
         c = self.counts.get(n)
         return self.seconds[n] / c if c else None
 
-    def cost(self, n: int) -> float:
-        t1, tn = self.time(1), self.time(n)
-        if self.timed and t1 and tn:
-            return max(1.0, tn / t1)  # timings are noisy; more tokens never cost less
+    def prior_cost(self, n: int) -> float:
         return 1.0 + self.prior_slope * (n - 1)
+
+    def costs(self) -> list[float]:
+        """``cost(n)`` for n = 0 .. k_max + 1 (index n)."""
+        t1 = self.time(1)
+        measured = sorted(w for w, c in self.counts.items() if c and w > 1) if self.timed and t1 else []
+        out = [1.0, 1.0]
+        for n in range(2, self.k_max + 2):
+            tn = self.time(n) if measured else None
+            if tn:
+                out.append(max(1.0, tn / t1))  # timings are noisy; more tokens never cost less
+            elif measured:  # the prior's shape through the nearest measured width
+                m = min(measured, key=lambda w: abs(w - n))
+                out.append(max(1.0, self.time(m) / t1 * self.prior_cost(n) / self.prior_cost(m)))
+            else:
+                out.append(self.prior_cost(n))
+        return out
+
+    def cost(self, n: int) -> float:
+        """A round feeding ``n`` tokens relative to a plain decode: measured,
+        else the prior model scaled through the nearest measured width."""
+        return self.costs()[n] if n <= self.k_max + 1 else self.prior_cost(n)
 
     def best_k(self, key: Hashable = None) -> int:
         best, best_rate = 0, 1.0
         total, p = 1.0, 1.0
+        costs = self.costs()
         for k, r in enumerate(self.rates(key), start=1):
             p *= r
             total += p
-            rate = total / self.cost(k + 1)
+            rate = total / costs[k + 1]
             if rate > best_rate * 1.02:
                 best, best_rate = k, rate
         return best
