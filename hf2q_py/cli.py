@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=_positive_int, default=1)
     b.add_argument("--temp", type=float, default=0.0, help="sampling temperature for every run (0: greedy)")
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--only", default=None, help="run only workloads whose name contains this text")
+    b.add_argument("--only", default=None, help="run only workloads whose name contains this text (or one of several, comma-separated)")
     b.add_argument("--markdown", default=None, help="also write the table to this file")
     b.add_argument("--chart", default=None, help="write a PNG chart here (needs matplotlib)")
 
@@ -218,7 +218,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     methods = [parse_method(m) for m in split_methods(args.methods) if m != "baseline"]
     if not methods:
         raise Hf2qError("--methods names no method to compare with the baseline")
-    workloads = [w for w in default_workloads() if args.only is None or args.only in w.name]
+    only = [x for x in (args.only or "").split(",") if x]
+    workloads = [w for w in default_workloads() if not only or any(x in w.name for x in only)]
     if not workloads:
         raise Hf2qError(f"no workload matches --only {args.only!r}")
     target = hf2q_py.load(args.model, dtype=args.dtype)
