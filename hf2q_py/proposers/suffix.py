@@ -151,7 +151,7 @@ class SuffixOptions:
     engine's K caps it too): a short match earns a short draft."""
 
     min_prob: float = 0.1
-    factor: float = 1.0
+    factor: float = 2.0
     offset: int = 2
     min_match: int = 1
 
