@@ -105,7 +105,7 @@ def test_memory_drafts_a_retried_answer():
     first.start(None, [1, 2, 3], {})
     first.finish([1, 2, 3, *answer])
     assert list(memory.entries.values()) == [(1, 2, 3, *answer)]  # the prompt leads into the answer
-    retry = SuffixProposer(SuffixOptions(min_prob=0.0, offset=4), memory)
+    retry = SuffixProposer(SuffixOptions(min_prob=0.0, factor=1.0, offset=4), memory)
     ctx = [7, 1, 2, 3]  # the same prompt: drafts from its first token
     retry.start(None, ctx, {})
     assert retry.draft_key(ctx) == 3
