@@ -217,3 +217,17 @@ def test_bench_method_options_name_the_proposer_and_memory():
     assert m.options == dict(method="ngram", ngram_proposer="lookup", k=16, memory=False, suffix_min_prob=0.2)
     with pytest.raises(Hf2qError, match="memory"):
         parse_method("ngram:memory=maybe")
+
+
+def test_a_generation_ending_meanwhile_is_drafted_from_at_once():
+    """Two generations interleaved on one Target: when one ends (the memory
+    grows or is rebuilt), the other matches the new memory before drafting."""
+    memory = DraftMemory(max_tokens=12)
+    memory.add([1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    p = SuffixProposer(SuffixOptions(min_prob=0.0), memory)
+    ctx = [40, 41, 1, 2]
+    p.start(None, ctx, {})
+    assert p.propose(ctx, 4) == [3, 4, 5, 6]
+    memory.add([30, 1, 2, 33, 34, 35])  # over 12 tokens: the first entry goes, the automaton is rebuilt
+    assert p.draft_key(ctx) == 2
+    assert p.propose(ctx, 4) == [33, 34, 35]

@@ -200,13 +200,13 @@ class SuffixProposer(Proposer):
             self.prompt_len = prompt_len
             have = 0
         mem = self.memory
-        if mem is not None and mem.version != self._mem_version:
+        new_for_memory: Sequence[int] = tokens[have:]
+        remembered = mem is not None and mem.version != self._mem_version
+        if remembered:  # the memory changed (another generation ended): match again
             self._mem_version = mem.version
             self._mem_state = (0, 0)
-            new_for_memory: Sequence[int] = self.tokens[-mem.window :] + list(tokens[have:])
-        else:
-            new_for_memory = tokens[have:]
-        if have < len(tokens) or self._best is None:
+            new_for_memory = self.tokens[-mem.window :] + list(new_for_memory)
+        if have < len(tokens) or self._best is None or remembered:
             new = list(tokens[have:])
             self.tokens.extend(new)
             self.sam.extend(new)
