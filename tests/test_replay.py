@@ -52,3 +52,13 @@ def test_replayed_acceptance_of_a_real_greedy_stream():
 def test_only_model_free_methods_replay():
     with pytest.raises(Hf2qError, match="model-free"):
         replay([Stream("t", "code", [1], [2])], "d", {"method": "layerskip"}, COST)
+
+
+def test_a_session_workload_feeds_each_answer_to_the_next_request_and_retries():
+    from hf2q_py.workloads import Workload, default_workloads
+
+    w = Workload("s", "agent", "edit A", then=(("next", "edit B of:\n{answer}"), ("retry", None)))
+    assert w.requests([]) == [("s", "edit A")]
+    assert [p for _, p in w.requests(["ANSWER1", "ANSWER2"])] == ["edit A", "edit B of:\nANSWER1", "edit B of:\nANSWER1"]
+    kinds = {x.kind for x in default_workloads()}
+    assert {"code", "agent", "fresh", "prose", "doc"} <= kinds
