@@ -29,6 +29,9 @@ class FixedK:
     ) -> None:
         pass
 
+    def observe(self, drafted: int, accepted: int, key: Hashable = None) -> None:
+        pass
+
 
 @dataclass
 class AdaptiveK:
@@ -171,6 +174,11 @@ class AdaptiveK:
         if drafted == 0:
             self.since_probe += 1
             return
+        self.observe(drafted, accepted, key)
+
+    def observe(self, drafted: int, accepted: int, key: Hashable = None) -> None:
+        """Acceptance alone, without a timed round: e.g. drafts proposed while
+        a plain decode ran, whose first token that decode already rejected."""
         probing = self.best_k(key) == 0
         tables = [(self.tried, self.hits)]
         if key is not None:

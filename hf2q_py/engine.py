@@ -184,6 +184,9 @@ def generate_tokens(
             if waiting is not None:
                 # greedy drafts stay valid if the decode confirmed the first one
                 carried = waiting[1:] if decider.cfg.greedy and waiting[0] == y else []
+                if decider.cfg.greedy and not carried and waiting[0] != y:
+                    # the decode rejected them: the policy learns it as from a verify
+                    policy.observe(len(waiting), 0, waiting_key)
                 waiting = None
             if proposer is not None:
                 proposer.update(tokens, 0, 0, queued.hidden)
