@@ -13,8 +13,9 @@ without timing noise:
 
 Requests of one session (an agent's successive edits) replay in order on
 one memory, as on one Target; every other stream starts with an empty one.
-The model's plain decodes are pipelined in the engine, which the model of
-time ignores, so replayed speed-ups run a few percent above measured ones.
+The model of time leaves out what the engine does around the forwards
+(pipelined plain decodes, drafting) and other load on the machine: it
+ranks proposers and settings; ``hf2q-py bench`` measures speed.
 """
 
 from __future__ import annotations
