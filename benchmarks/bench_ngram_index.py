@@ -1,12 +1,13 @@
-"""The n-gram proposer alone: cost per round at long contexts (no model).
+"""The n-gram proposers alone: cost per round at long contexts (no model).
 
     python benchmarks/bench_ngram_index.py [--context 32768]
 
 Builds a context from Python standard-library source (real, repetitive
 text), tokenized with the built-in model's tokenizer when available
 (else one id per byte), then times rounds of "commit a few tokens, look up
-drafts" with the incremental index, against a rescan of the whole context
-per round for reference.
+drafts" with the lookup proposer's incremental index (against a rescan of
+the whole context per round for reference) and with the suffix proposer's
+automaton (drafts up to 32, with a memory of 4096 earlier tokens).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import random
 import statistics
 import time
 
+from hf2q_py.memory import DraftMemory
 from hf2q_py.proposers.ngram import NgramProposer, lookup_by_rescan
+from hf2q_py.proposers.suffix import SuffixProposer
 
 
 def stdlib_tokens(n: int) -> list[int]:
@@ -72,6 +75,32 @@ def main():
     print(f"| per round, incremental index (median of {args.rounds}) | {statistics.median(inc) * 1e6:.1f} us |")
     print(f"| per round, incremental index (max) | {max(inc) * 1e6:.1f} us |")
     print(f"| per round, full rescan (median of {len(naive)}) | {statistics.median(naive) * 1e3:.2f} ms |")
+
+    memory = DraftMemory()
+    memory.add(ids[args.context // 2 : args.context // 2 + 4096])
+    t0 = time.perf_counter()
+    p = SuffixProposer(memory=memory)
+    p.start(None, prompt, {}, None)
+    build = time.perf_counter() - t0
+    tokens = list(prompt)
+    pos = args.context
+    times, drafted = [], 0
+    for r in range(args.rounds):
+        step = rng.randint(1, 4)
+        tokens += ids[pos : pos + step]
+        pos += step
+        t = time.perf_counter()
+        p.draft_key(tokens)
+        drafted += len(p.propose(tokens, 32))
+        times.append(time.perf_counter() - t)
+    print(f"\nsuffix proposer (k 32, memory of 4096 tokens; draft key + drafts), same context\n")
+    print("| what | time |")
+    print("|---|---:|")
+    print(f"| build the automaton over the {args.context}-token prompt once | {build * 1e3:.1f} ms |")
+    print(f"| per round (median of {args.rounds}) | {statistics.median(times) * 1e6:.1f} us |")
+    print(f"| per round (mean) | {statistics.mean(times) * 1e6:.1f} us |")
+    print(f"| per round (max) | {max(times) * 1e6:.1f} us |")
+    print(f"| mean drafts per round | {drafted / args.rounds:.1f} |")
 
 
 if __name__ == "__main__":

@@ -25,8 +25,9 @@ class MethodSpec:
 
 _BOOL = {"fixed": ("adaptive", False), "adaptive": ("adaptive", True)}
 _INT = ("k", "ngram_min", "ngram_max")
-_FLOAT = ("draft_p_min",)
-_STR = ("draft", "drafter", "skip_layers")
+_FLOAT = ("draft_p_min", "suffix_min_prob")
+_STR = ("draft", "drafter", "skip_layers", "ngram_proposer")
+_YES_NO = ("memory",)
 
 
 def parse_method(text: str) -> MethodSpec:
@@ -45,11 +46,16 @@ def parse_method(text: str) -> MethodSpec:
         key = key.strip().replace("-", "_")
         if not eq:
             raise Hf2qError(f"bad method option {item!r} in {text!r}: use key=value, fixed or adaptive")
-        if key not in _INT + _FLOAT + _STR:
+        if key not in _INT + _FLOAT + _STR + _YES_NO:
             raise Hf2qError(
-                f"unknown method option {key!r} in {text!r}: use {', '.join(_INT + _FLOAT + _STR)}, "
+                f"unknown method option {key!r} in {text!r}: use {', '.join(_INT + _FLOAT + _STR + _YES_NO)}, "
                 "fixed or adaptive (sampling is set for all methods with --temp and --seed)"
             )
+        if key in _YES_NO:
+            if value.strip().lower() not in ("0", "1", "true", "false", "yes", "no"):
+                raise Hf2qError(f"bad value for {key} in {text!r}: {value!r} (use 0 or 1)")
+            options[key] = value.strip().lower() in ("1", "true", "yes")
+            continue
         try:
             options[key] = int(value) if key in _INT else float(value) if key in _FLOAT else value.strip()
         except ValueError:
@@ -70,6 +76,7 @@ class BenchRow:
     identical: bool | None  # None when sampling: outputs differ by design
     first_diff: int | None = None
     margin: float | None = None
+    drafted_per_accepted: float = 0.0  # drafted tokens per accepted draft token
 
     @property
     def speedup(self) -> float:
@@ -81,6 +88,21 @@ def top2_margin(target: Target, tokens: Sequence[int]) -> float:
     logits = target.runtime().prefill(list(tokens), logits="last").logits[-1].astype(mx.float32)
     top = mx.sort(logits)[-2:].tolist()
     return top[1] - top[0]
+
+
+def _run_session(target: Target, w: Workload, max_tokens: int, options: dict[str, Any]) -> list:
+    """Every request of ``w`` in order on ``target``, starting from an empty
+    draft memory: [(label, prompt ids, GenerationResult)]."""
+    target.memory.clear()
+    answers: list[str] = []
+    out = []
+    for j in range(1 + len(w.then)):
+        label, prompt = w.requests(answers)[j]
+        ids = encode_prompt(target, prompt)
+        res = generate(target, ids, max_tokens=max_tokens, **options)
+        answers.append(res.text)
+        out.append((label, ids, res))
+    return out
 
 
 def run_bench(
@@ -96,11 +118,12 @@ def run_bench(
     """Baseline and each method alternate on every workload; tok/s are decode
     rates (prefill excluded: it is the same forward for every method), the
     median over ``repeats``. ``common`` options (e.g. ``temperature``, ``seed``)
-    apply to every run, the baseline's included."""
+    apply to every run, the baseline's included. Each run starts with an
+    empty draft memory on the Target; a session's later requests (an agent's
+    next edit, a retry) draft from what its earlier ones generated."""
     common = dict(common or {})
     rows: list[BenchRow] = []
     for w in workloads:
-        ids = encode_prompt(target, w.prompt)
         runs: dict[str, list] = {"baseline": []}
         for m in methods:
             runs[m.label] = []
@@ -109,27 +132,29 @@ def run_bench(
             if r % 2:
                 order.reverse()
             for label, opts in order:
-                res = generate(target, ids, max_tokens=max_tokens, **common, **opts)
-                runs[label].append(res)
-        base = runs["baseline"]
-        base_rate = _median([x.stats.tokens_per_second for x in base])
-        log(f"{w.name}: {len(ids)} prompt tokens, baseline {base_rate:.1f} tok/s")
-        for m in methods:
-            res = runs[m.label]
-            rate = _median([x.stats.tokens_per_second for x in res])
-            s = res[0].stats
-            sampled = common.get("temperature", 0) > 0
-            ident = None if sampled else res[0].tokens == base[0].tokens
-            row = BenchRow(w.name, w.kind, m.label, len(res[0].tokens), rate, base_rate,
-                           s.acceptance_rate, s.mean_accepted_length, ident)
-            if ident is False:
-                a, b = res[0].tokens, base[0].tokens
-                i = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))
-                row.first_diff = i
-                row.margin = top2_margin(target, ids + b[:i])
-            rows.append(row)
-            log(f"  {m.label}: {rate:.1f} tok/s ({row.speedup:.2f}x), acceptance {s.acceptance_rate:.0%}, "
-                f"identical={ident}")
+                runs[label].append(_run_session(target, w, max_tokens, {**common, **opts}))
+        for j in range(1 + len(w.then)):
+            name, ids, _ = runs["baseline"][0][j]
+            base = [x[j][2] for x in runs["baseline"]]
+            base_rate = _median([x.stats.tokens_per_second for x in base])
+            log(f"{name}: {len(ids)} prompt tokens, baseline {base_rate:.1f} tok/s")
+            for m in methods:
+                res = [x[j][2] for x in runs[m.label]]
+                rate = _median([x.stats.tokens_per_second for x in res])
+                s = res[0].stats
+                sampled = common.get("temperature", 0) > 0
+                ident = None if sampled else res[0].tokens == base[0].tokens
+                row = BenchRow(name, w.kind, m.label, len(res[0].tokens), rate, base_rate,
+                               s.acceptance_rate, s.mean_accepted_length, ident,
+                               drafted_per_accepted=s.drafted / s.accepted if s.accepted else 0.0)
+                if ident is False:
+                    a, b = res[0].tokens, base[0].tokens
+                    i = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
+                    row.first_diff = i
+                    row.margin = top2_margin(target, ids + b[:i])
+                rows.append(row)
+                log(f"  {m.label}: {rate:.1f} tok/s ({row.speedup:.2f}x), acceptance {s.acceptance_rate:.0%}, "
+                    f"mean accepted length {s.mean_accepted_length:.2f}, identical={ident}")
     return rows
 
 
@@ -140,8 +165,8 @@ def _median(xs: list[float]) -> float:
 
 def markdown_table(rows: Sequence[BenchRow]) -> str:
     out = [
-        "| workload | method | tokens | baseline tok/s | method tok/s | speed-up | acceptance | mean accepted length | identical |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "| workload | method | tokens | baseline tok/s | method tok/s | speed-up | acceptance | mean accepted length | drafted per accepted | identical |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         if r.identical is None:
@@ -152,16 +177,17 @@ def markdown_table(rows: Sequence[BenchRow]) -> str:
             ident = f"no: first diff at {r.first_diff}, top-2 margin {r.margin:.3g}"
         out.append(
             f"| {r.workload} | {r.method} | {r.tokens} | {r.baseline_tok_s:.1f} | {r.tok_s:.1f} | "
-            f"{r.speedup:.2f}x | {r.acceptance:.0%} | {r.mean_accepted_length:.2f} | {ident} |"
+            f"{r.speedup:.2f}x | {r.acceptance:.0%} | {r.mean_accepted_length:.2f} | "
+            f"{r.drafted_per_accepted:.2f} | {ident} |"
         )
     by_kind: dict[tuple[str, str], list[float]] = {}
     for r in rows:
         by_kind.setdefault((r.kind, r.method), []).append(r.speedup)
     out.append("")
-    out.append("| workload kind | method | mean speed-up |")
-    out.append("|---|---|---:|")
+    out.append("| workload kind | method | mean speed-up | lowest speed-up |")
+    out.append("|---|---|---:|---:|")
     for (kind, method), xs in by_kind.items():
-        out.append(f"| {kind} | {method} | {sum(xs) / len(xs):.2f}x |")
+        out.append(f"| {kind} | {method} | {sum(xs) / len(xs):.2f}x | {min(xs):.2f}x |")
     return "\n".join(out)
 
 

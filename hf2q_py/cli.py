@@ -37,12 +37,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default="baseline", help="baseline, ngram, draft, layerskip or dflash")
-    p.add_argument("--k", type=_positive_int, default=None, help="(maximum) draft length per round (default: 16 for ngram, 8 otherwise)")
+    p.add_argument("--k", type=_positive_int, default=None, help="(maximum) draft length per round (default: 32 for ngram with the suffix proposer, 16 with lookup, 8 otherwise)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--adaptive", dest="adaptive", action="store_true", default=True, help="choose K each round from measured acceptance and cost (default)")
     mode.add_argument("--fixed-k", dest="adaptive", action="store_false", help="always draft up to K tokens")
     p.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram to look up (n-gram method)")
-    p.add_argument("--ngram-max", type=int, default=5, help="longest n-gram to look up (n-gram method)")
+    p.add_argument("--ngram-max", type=int, default=5, help="longest n-gram to look up (n-gram method, lookup proposer)")
+    p.add_argument("--ngram-proposer", default="suffix", choices=("suffix", "lookup"), help="n-gram method: suffix automaton with counts (default) or prompt lookup")
+    p.add_argument("--suffix-min-prob", type=float, default=0.1, help="suffix proposer: stop a draft where its estimated probability falls below this")
     p.add_argument("--draft-model", default=None, help="draft model (draft method): folder, HF repo id or GGUF")
     p.add_argument("--draft-p-min", type=float, default=0.0, help="stop drafting when the draft's confidence drops below this")
     p.add_argument("--skip-layers", default="auto", help="layer-skip set: auto, alternate, early:N, middle:N or a list like 3,5,7")
@@ -62,6 +64,8 @@ def spec_options(args: argparse.Namespace) -> dict:
         adaptive=args.adaptive,
         ngram_min=args.ngram_min,
         ngram_max=args.ngram_max,
+        ngram_proposer=args.ngram_proposer,
+        suffix_min_prob=args.suffix_min_prob,
         draft_p_min=args.draft_p_min,
         temperature=args.temp,
         top_p=args.top_p,
@@ -144,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=_positive_int, default=1)
     b.add_argument("--temp", type=float, default=0.0, help="sampling temperature for every run (0: greedy)")
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--only", default=None, help="run only workloads whose name contains this text")
+    b.add_argument("--only", default=None, help="run only workloads whose name contains this text (or one of several, comma-separated)")
     b.add_argument("--markdown", default=None, help="also write the table to this file")
     b.add_argument("--chart", default=None, help="write a PNG chart here (needs matplotlib)")
 
@@ -236,7 +240,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if "draft" in m.options:
             check_source(m.options["draft"])
         check_drafter_folder(m.options.get("drafter"))
-    workloads = [w for w in default_workloads() if args.only is None or args.only in w.name]
+    only = [x for x in (args.only or "").split(",") if x]
+    workloads = [w for w in default_workloads() if not only or any(x in w.name for x in only)]
     if not workloads:
         raise Hf2qError(f"no workload matches --only {args.only!r}")
     for path, what in ((args.markdown, "--markdown file"), (args.chart, "--chart file")):

@@ -15,6 +15,8 @@ from .sampling import SamplingConfig
 
 METHODS = ("baseline", "ngram", "draft", "layerskip", "dflash")
 DEFAULT_K = {"ngram": 16}  # default maximum draft length per method; 8 for the others
+NGRAM_PROPOSERS = ("suffix", "lookup")
+SUFFIX_DEFAULT_K = 32  # the suffix proposer sizes its own drafts: a larger cap
 
 
 @dataclass
@@ -35,6 +37,9 @@ class SpecConfig:
     draft_p_min: float = 0.0
     skip_layers: Sequence[int] | str | None = None
     drafter: Any = None  # DFlash block drafter: a Drafter or a folder path
+    ngram_proposer: str = "suffix"  # n-gram method: "suffix" (automaton) or "lookup" (prompt lookup)
+    memory: bool = True  # n-gram suffix proposer: draft from the Target's earlier generations
+    suffix_min_prob: float = 0.1  # suffix proposer: stop a draft below this probability
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -48,6 +53,12 @@ class SpecConfig:
             check_skip_layers(self.skip_layers)
         if self.draft is not None and not isinstance(self.draft, (str, Path, Target)):
             raise Hf2qError(f"draft must be a Target or a model path, got {type(self.draft).__name__}")
+        if self.ngram_proposer not in NGRAM_PROPOSERS:
+            raise Hf2qError(
+                f"unknown n-gram proposer {self.ngram_proposer!r}; choose one of {', '.join(NGRAM_PROPOSERS)}"
+            )
+        check_bool("memory", self.memory)
+        check_float("suffix-min-prob", self.suffix_min_prob, 0.0, 1.0)
         if self.method == "draft" and self.draft is None:
             raise Hf2qError("method 'draft' needs a draft model (draft=... / --draft-model)")
         if self.method == "dflash" and self.drafter is None:
@@ -56,7 +67,11 @@ class SpecConfig:
     @property
     def draft_length(self) -> int:
         """``k``, or the method's default when it is None."""
-        return self.k if self.k is not None else DEFAULT_K.get(self.method, 8)
+        if self.k is not None:
+            return self.k
+        if self.method == "ngram" and self.ngram_proposer == "suffix":
+            return SUFFIX_DEFAULT_K
+        return DEFAULT_K.get(self.method, 8)
 
 
 SKIP_RECIPES = "auto, alternate, early:N, middle:N or a list like 3,5,7"

@@ -30,6 +30,9 @@ class NoDrafts:
     def update(self, r: Round) -> None:
         pass
 
+    def observe(self, drafted: int, accepted: int, key: Hashable = None) -> None:
+        pass
+
 
 class FixedK:
     """Always draft up to ``k`` tokens."""
@@ -42,6 +45,9 @@ class FixedK:
         return self.k
 
     def update(self, r: Round) -> None:
+        pass
+
+    def observe(self, drafted: int, accepted: int, key: Hashable = None) -> None:
         pass
 
 
@@ -64,7 +70,9 @@ class AdaptiveK:
     Proposers that know something about their drafts before drafting (the
     n-gram match depth) pass it as ``key``: each key keeps its own
     conditional rates, with the pooled rates as a prior of weight
-    ``key_weight``, so a new key starts from what is known overall.
+    ``key_weight``, so a new key starts from what is known overall; or, for
+    keys in ``key_priors``, from the proposer's own prior rate for that key
+    (e.g. measured acceptance per n-gram match depth).
 
     ``timed=False`` replaces measured costs by the prior model, so K depends
     only on acceptance: seeded sampling with a draft model or layer skip
@@ -86,6 +94,7 @@ class AdaptiveK:
     counts: dict[int, float] = field(default_factory=dict)
     cooldown: int = 8
     since_probe: int = 0
+    key_priors: dict = field(default_factory=dict)  # key -> prior conditional rate
 
     def __post_init__(self):
         validate_k(self.k_max)
@@ -94,21 +103,23 @@ class AdaptiveK:
         self.keyed: dict[Hashable, tuple[list[float], list[float]]] = {}  # key -> (tried, hits)
 
     def rates(self, key: Hashable = None) -> list[float]:
-        """Conditional acceptance estimates for draft positions 0..k_max-1; a
-        position barely tried yet borrows the estimate of the one before (one
-        pass, linear in k_max)."""
-        keyed = self.keyed.get(key) if key is not None else None
-        out: list[float] = []
-        pooled = self.prior_rate
+        """Conditional acceptance estimate at every draft position; a position
+        barely tried yet borrows the (pooled) estimate of the one before."""
+        pooled: list[float] = []
+        w = self.prior_weight
         for i in range(self.k_max):
-            prior = self.prior_rate if i == 0 or self.tried[i] >= 0.5 else pooled
-            pooled = (self.hits[i] + prior * self.prior_weight) / (self.tried[i] + self.prior_weight)
-            if keyed is None:
-                out.append(pooled)
-            else:
-                tried, hits = keyed
-                out.append((hits[i] + pooled * self.key_weight) / (tried[i] + self.key_weight))
-        return out
+            prior = self.prior_rate if i == 0 or self.tried[i] >= 0.5 else pooled[i - 1]
+            pooled.append((self.hits[i] + prior * w) / (self.tried[i] + w))
+        if key is None:
+            return pooled
+        prior = self.key_priors.get(key)
+        if prior is not None:
+            pooled = [prior] * self.k_max
+        if key not in self.keyed:
+            return pooled
+        tried, hits = self.keyed[key]
+        kw = self.key_weight
+        return [(h + p * kw) / (t + kw) for h, p, t in zip(hits, pooled, tried)]
 
     def rate(self, i: int, key: Hashable = None) -> float:
         """Conditional acceptance estimate at draft position ``i`` (0-based)."""
@@ -127,20 +138,39 @@ class AdaptiveK:
         c = self.counts.get(n)
         return self.seconds[n] / c if c else None
 
-    def cost(self, n: int) -> float:
-        t1, tn = self.time(1), self.time(n)
-        if self.timed and t1 and tn:
-            return max(1.0, tn / t1)  # timings are noisy; more tokens never cost less
+    def prior_cost(self, n: int) -> float:
         return 1.0 + self.prior_slope * (n - 1)
+
+    def costs(self) -> list[float]:
+        """``cost(n)`` for n = 0 .. k_max + 1 (index n)."""
+        t1 = self.time(1)
+        measured = sorted(w for w, c in self.counts.items() if c and w > 1) if self.timed and t1 else []
+        out = [1.0, 1.0]
+        for n in range(2, self.k_max + 2):
+            tn = self.time(n) if measured else None
+            if tn:
+                out.append(max(1.0, tn / t1))  # timings are noisy; more tokens never cost less
+            elif measured:  # the prior's shape through the nearest measured width
+                m = min(measured, key=lambda w: abs(w - n))
+                out.append(max(1.0, self.time(m) / t1 * self.prior_cost(n) / self.prior_cost(m)))
+            else:
+                out.append(self.prior_cost(n))
+        return out
+
+    def cost(self, n: int) -> float:
+        """A round feeding ``n`` tokens relative to a plain decode: measured,
+        else the prior model scaled through the nearest measured width."""
+        return self.costs()[n] if n <= self.k_max + 1 else self.prior_cost(n)
 
     def best_k(self, key: Hashable = None) -> int:
         """The K with the highest expected tokens per unit cost (linear in k_max)."""
         best, best_rate = 0, 1.0
         total, p = 1.0, 1.0
-        for k, r in enumerate(self.rates(key), 1):
+        costs = self.costs()
+        for k, r in enumerate(self.rates(key), start=1):
             p *= r
             total += p
-            rate = total / self.cost(k + 1)
+            rate = total / costs[k + 1]
             if rate > best_rate * 1.02:
                 best, best_rate = k, rate
         return best
@@ -164,6 +194,11 @@ class AdaptiveK:
         if drafted == 0:
             self.since_probe += 1
             return
+        self.observe(drafted, accepted, key)
+
+    def observe(self, drafted: int, accepted: int, key: Hashable = None) -> None:
+        """Acceptance alone, without a timed round: e.g. drafts proposed while
+        a plain decode ran, whose first token that decode already rejected."""
         probing = self.best_k(key) == 0
         tables = [(self.tried, self.hits)]
         if key is not None:

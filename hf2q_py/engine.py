@@ -94,6 +94,7 @@ def generate_tokens(
         extra = rt.offset - (len(loop.tokens) - 1)
         if extra > 0:
             rt.trim(extra)
+        proposer.finish(loop.tokens)
 
 
 def _prefill(rt: Runtime, prompt: list[int], capture: Sequence[int]) -> dict[int, mx.array]:
@@ -201,11 +202,13 @@ class _Loop:
     def after(self, r: Round, hidden: dict[int, Any]) -> None:
         """Once a round's tokens are committed: confirm early drafts, update the
         proposer, and draft early while a decode is in flight."""
-        if self.early is not None:
+        if self.early is not None and self.decider.cfg.greedy:
             (key, draft), self.early = self.early, None
-            # greedy drafts stay valid if the decode confirmed the first one
-            if self.decider.cfg.greedy and draft.tokens[0] == self.tokens[-1] and len(draft) > 1:
-                self.ready = (key, draft.tail())
+            if draft.tokens[0] == self.tokens[-1]:  # the decode confirmed the first draft
+                self.ready = (key, draft.tail()) if len(draft) > 1 else None
+            else:  # the decode rejected them: the policy learns it as from a verify
+                self.policy.observe(len(draft), 0, key)
+        self.early = None
         self.proposer.update(self.tokens, r.drafted, r.accepted, hidden)
         if self.queued is not None and not self.proposer.uses_target_cache:
             t0 = time.perf_counter()

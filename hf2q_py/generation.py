@@ -125,7 +125,8 @@ def stream_generate(
 
     Options (or a ``GenerationConfig``): ``max_tokens`` (default 256),
     ``stop``, ``chat_template``, and the ``SpecConfig`` fields (``method``,
-    ``k``, ``adaptive``, ``ngram_min``, ``ngram_max``, ...). Greedy decoding.
+    ``k``, ``adaptive``, ``ngram_min``, ``ngram_max``, ``ngram_proposer``, ``memory``,
+    ...). Greedy decoding.
     ``on_round`` receives a ``Round`` per round (profiling); each chunk
     carries the live ``GenerationStats``, complete once the stream ends.
     """

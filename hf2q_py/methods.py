@@ -21,6 +21,14 @@ def build_proposer(
     timed = not (seeded_sampling and spec.method in ("draft", "layerskip", "dflash"))
     k = spec.draft_length
     policy = AdaptiveK(k, timed=timed) if spec.adaptive else FixedK(k)
+    if spec.method == "ngram" and spec.ngram_proposer == "suffix":
+        from .proposers.suffix import SuffixOptions, SuffixProposer
+
+        options = SuffixOptions(min_prob=spec.suffix_min_prob, min_match=spec.ngram_min)
+        proposer = SuffixProposer(options, target.memory if spec.memory else None)
+        if isinstance(policy, AdaptiveK):
+            policy.key_priors = dict(proposer.key_priors)
+        return proposer, policy
     if spec.method == "ngram":
         from .proposers.ngram import NgramProposer
 

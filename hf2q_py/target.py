@@ -17,6 +17,7 @@ from typing import Any, Hashable, Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache
 
+from .memory import DraftMemory
 from .cache import DEFAULT_SLACK, cache_state, make_cache, trim_cache
 from .recurrent import RecurrentLog
 from .taps import embedding, find_decoder, language_model, tapped
@@ -56,6 +57,9 @@ class Target:
         #: DFlash drafters loaded from a path, layer skip's measured choice.
         #: ``target.remembered.clear()`` forgets them (and frees the models).
         self.remembered: dict[Hashable, Any] = {}
+        #: Earlier generations, drafted from by the n-gram method's suffix
+        #: proposer (``memory=False`` turns it off; ``memory.clear()`` empties it).
+        self.memory = DraftMemory()
 
     @classmethod
     def from_mlx_lm(cls, model: Any, tokenizer: Any = None) -> "Target":

@@ -1,6 +1,8 @@
 """Benchmark workloads built from real text present on every machine:
-Python standard-library source (code editing), documents shipped in
-installed packages (summaries and questions), and open prose (no-match)."""
+Python standard-library source (code editing, re-emitting a file with one
+change, an agent's successive edits of one file), documents shipped in
+installed packages (summaries and questions), fresh code and open prose
+(little to copy)."""
 
 from __future__ import annotations
 
@@ -11,9 +13,26 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Workload:
+    """One request, or a session of requests on one Target: ``then`` holds
+    the later requests as (label, prompt) pairs, where ``{answer}`` stands for
+    the previous request's answer (the file as the agent last wrote it) and a
+    prompt of None retries the previous request."""
+
     name: str
-    kind: str  # "code", "doc" or "prose"
+    kind: str  # "code", "agent", "doc", "fresh" or "prose"
     prompt: str
+    then: tuple[tuple[str, str | None], ...] = ()
+
+    def requests(self, answers: list[str]) -> list[tuple[str, str]]:
+        """(label, prompt) of every request whose prompt is known once
+        ``answers`` (the answers so far, in order) are."""
+        out = [(self.name, self.prompt)]
+        for i, (label, template) in enumerate(self.then):
+            if i >= len(answers):
+                break
+            prompt = out[-1][1] if template is None else template.replace("{answer}", answers[i])
+            out.append((f"{self.name} / {label}", prompt))
+        return out
 
 
 def _source(module: str, name: str) -> str:
@@ -32,7 +51,9 @@ def _package_doc(package: str, filename: str, max_chars: int = 4000) -> str:
 
 
 def default_workloads() -> list[Workload]:
-    """Ten prompts: 5 code edits, 3 document tasks, 2 open prose."""
+    """Fourteen prompts: 5 code edits, an agent session (an edit, a second
+    edit of the answer, the second one retried), a file re-emitted with one
+    change, 3 document tasks, 2 fresh code and 2 open prose."""
     dedent = _source("textwrap", "dedent")
     median = _source("statistics", "median")
     nsmallest = _source("heapq", "nsmallest")
@@ -41,6 +62,9 @@ def default_workloads() -> list[Workload]:
     readme = _package_doc("mlx_lm", "SERVER.md") or (__import__("json").__doc__ or "")
     lora = _package_doc("mlx_lm", "LORA.md") or (__import__("argparse").__doc__ or "")
     json_doc = __import__("json").__doc__ or ""
+    indent = _source("textwrap", "indent")
+    dumps = _source("json", "dumps")
+    edit2 = "Add type hints to this function. Reply with the full function only.\n\n{answer}"
     return [
         Workload("code: type hints (statistics.median)", "code",
                  f"Add type hints to this function. Reply with the full function only.\n\n```python\n{median}```"),
@@ -56,12 +80,25 @@ def default_workloads() -> list[Workload]:
         Workload("code: comments (statistics.variance)", "code",
                  f"Add a short comment above each line of this function. Reply with the code only.\n\n"
                  f"```python\n{variance}```"),
+        Workload("agent: rename (textwrap.indent)", "agent",
+                 f"Rename `predicate` to `should_indent` in this function. Reply with the full function only.\n\n"
+                 f"```python\n{indent}```",
+                 then=(("type hints", edit2), ("retry", None))),
+        Workload("code: re-emit with one change (json.dumps)", "code",
+                 f"Change the default of `sort_keys` to True in this function and reply with the full "
+                 f"function, unchanged otherwise.\n\n```python\n{dumps}```"),
         Workload("doc: summarise (mlx-lm server guide)", "doc",
                  f"Summarise this document in a few bullet points, quoting its commands exactly.\n\n{readme}"),
         Workload("doc: question (mlx-lm LoRA guide)", "doc",
                  f"{lora}\n\nUsing the document above, list the command-line flags it mentions and what each does."),
         Workload("doc: question (json module docstring)", "doc",
                  f"{json_doc}\n\nShow how to encode and decode a dictionary, using the examples above."),
+        Workload("fresh: ini parser", "fresh",
+                 "Write a Python function `parse_ini(text: str) -> dict[str, dict[str, str]]` that parses "
+                 "INI-style text into sections of key-value pairs, skipping comments. Include a docstring."),
+        Workload("fresh: lru cache", "fresh",
+                 "Write a Python class `LRUCache` with `get` and `put` methods and a fixed capacity, "
+                 "using only the standard library, with type hints."),
         Workload("prose: story", "prose", "Write a short story about a lighthouse keeper who finds a message in a bottle."),
         Workload("prose: explain", "prose", "Explain to a child why the sky is blue and why sunsets are red."),
     ]

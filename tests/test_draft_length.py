@@ -69,3 +69,28 @@ def test_a_new_key_starts_from_the_pooled_rates():
     policy = AdaptiveK(8)
     play(policy, lambda k: k, 20, key="seen")
     assert policy.next_k("unseen") == policy.next_k(None) == 8
+
+
+def test_a_key_prior_sets_where_a_new_key_starts():
+    """A proposer that knows its deep matches are usually right says so: that
+    key starts with long drafts, an unknown key with the pooled guess."""
+    policy = AdaptiveK(16, key_priors={"deep": 0.97})
+    policy.update(Round(cost_seconds=seconds(1)))
+    first = policy.next_k("deep")
+    assert first >= 8
+    assert policy.next_k("other") < first
+    play(policy, lambda k: 0, 12, key="deep")  # then evidence wins
+    assert policy.next_k("deep") <= first // 2
+
+
+def test_unmeasured_widths_follow_the_measured_ones():
+    """Once some widths are timed, an untimed width costs the prior's shape
+    through the nearest timed width: cheap measured verifies make longer
+    drafts worth trying."""
+    policy = AdaptiveK(32)
+    policy.update(Round(cost_seconds=DECODE_S))
+    policy.update(Round(drafted=8, accepted=8, cost_seconds=DECODE_S * 1.3))  # measured: 9 tokens cost 1.3 decodes (prior: 1.96)
+    assert policy.cost(9) == pytest.approx(1.3)
+    assert policy.cost(17) == pytest.approx(1.3 * policy.prior_cost(17) / policy.prior_cost(9))
+    assert policy.cost(7) == pytest.approx(max(1.0, 1.3 * policy.prior_cost(7) / policy.prior_cost(9)))
+    assert AdaptiveK(32).cost(17) == pytest.approx(AdaptiveK(32).prior_cost(17))  # nothing measured

@@ -34,10 +34,11 @@ class Proposer:
 
     The engine calls ``start`` once after prefill, then per round
     ``draft_key(tokens)`` (to choose K), ``propose(tokens, k)`` with every
-    committed token so far (prompt included), and ``update`` after each round
-    with how many drafts were accepted. ``capture_layers`` names target layers
-    whose hidden states the proposer wants; the engine captures them in the
-    target's own forwards and passes them to ``start`` and ``update``.
+    committed token so far (prompt included), ``update`` after each round
+    with how many drafts were accepted, and ``finish`` when generation ends.
+    ``capture_layers`` names target layers whose hidden states the proposer
+    wants; the engine captures them in the target's own forwards and passes
+    them to ``start`` and ``update``.
     """
 
     name = "proposer"
@@ -73,6 +74,9 @@ class Proposer:
         the captured states of the round's target forward (positions of the
         inputs, accepted ones first)."""
 
+    def finish(self, tokens: Sequence[int]) -> None:
+        """Called once when generation ends (also when it is stopped early),
+        with every committed token, prompt included."""
 
 class PlainDecoding(Proposer):
     """No drafts: the engine decodes one token per round (the baseline)."""

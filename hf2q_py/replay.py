@@ -1,0 +1,286 @@
+"""Offline replay: draft proposers judged against recorded greedy streams.
+
+A greedy answer does not depend on how it was drafted, so once the plain
+answer to each prompt is recorded, any model-free proposer (and its
+draft-length policy) can be run against it without the model: each round
+drafts, accepts the longest prefix that matches the recorded answer plus
+one token, exactly as verification would. Time is modelled from measured
+forward costs (seconds of a forward of L tokens), so settings compare
+without timing noise:
+
+    python -m hf2q_py.replay --streams streams.json --record      # once, with the model
+    python -m hf2q_py.replay --streams streams.json --methods "ngram;ngram:ngram_proposer=lookup,k=16"
+
+Requests of one session (an agent's successive edits) replay in order on
+one memory, as on one Target; every other stream starts with an empty one.
+The model of time leaves out what the engine does around the forwards
+(pipelined plain decodes, drafting) and other load on the machine: it
+ranks proposers and settings; ``hf2q-py bench`` measures speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from .errors import Hf2qError
+from .memory import DraftMemory
+from .stats import Round
+
+#: Forward widths measured for the cost model (others are interpolated).
+COST_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 33, 48)
+
+
+@dataclass
+class Stream:
+    """One request's prompt ids and recorded greedy answer ids."""
+
+    name: str
+    kind: str
+    prompt: list[int]
+    output: list[int]
+    session: str | None = None  # streams of one session share a memory, in order
+
+
+@dataclass
+class CostModel:
+    """Seconds of one forward of ``width`` tokens, measured at a context."""
+
+    seconds: dict[int, float]
+
+    def __call__(self, width: int) -> float:
+        ws = sorted(self.seconds)
+        if width <= ws[0]:
+            return self.seconds[ws[0]]
+        for a, b in zip(ws, ws[1:]):
+            if width <= b:
+                f = (width - a) / (b - a)
+                return self.seconds[a] * (1 - f) + self.seconds[b] * f
+        a, b = ws[-2], ws[-1]  # extrapolate the last slope
+        return self.seconds[b] + (self.seconds[b] - self.seconds[a]) / (b - a) * (width - b)
+
+
+@dataclass
+class ReplayRow:
+    name: str
+    kind: str
+    method: str
+    tokens: int
+    rounds: int
+    verify_rounds: int
+    drafted: int
+    accepted: int
+    seconds: float  # modelled
+    baseline_seconds: float  # modelled: one single-token forward per token
+    per_position: list[int] = field(default_factory=list)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return 1.0 + self.accepted / self.verify_rounds if self.verify_rounds else 1.0
+
+    @property
+    def drafted_per_accepted(self) -> float:
+        return self.drafted / self.accepted if self.accepted else float("inf") if self.drafted else 0.0
+
+    @property
+    def speedup(self) -> float:
+        return self.baseline_seconds / self.seconds if self.seconds else 0.0
+
+
+class _MemoryHolder:
+    """What ``build_proposer`` needs of a Target for model-free methods."""
+
+    def __init__(self, memory: DraftMemory):
+        self.memory = memory
+
+
+def replay_stream(stream: Stream, proposer, policy, cost: CostModel) -> tuple[int, int, int, int, float]:
+    """Run one stream; returns (rounds, verify rounds, drafted, accepted, modelled seconds)."""
+    tokens = list(stream.prompt)
+    out = stream.output
+    proposer.start(None, tokens, {}, None)
+    i = rounds = verify_rounds = drafted = accepted = 0
+    seconds = 0.0
+    while i < len(out):
+        rounds += 1
+        active = proposer.active
+        key = proposer.draft_key(tokens) if active else None
+        k = min(policy.next_k(key), len(out) - i - 1) if active else 0
+        drafts = proposer.propose(tokens, k).tokens[:k] if k > 0 else []
+        if not drafts:
+            t = cost(1)
+            policy.update(Round(cost_seconds=t))
+            tokens.append(out[i])
+            i += 1
+            proposer.update(tokens, 0, 0, {})
+        else:
+            n = 0
+            while n < len(drafts) and drafts[n] == out[i + n]:
+                n += 1
+            t = cost(len(drafts) + 1)
+            policy.update(Round(drafted=len(drafts), accepted=n, key=key, cost_seconds=t))
+            tokens.extend(out[i : i + n + 1])
+            i += n + 1
+            verify_rounds += 1
+            drafted += len(drafts)
+            accepted += n
+            proposer.update(tokens, len(drafts), n, {})
+        seconds += t
+    proposer.finish(tokens)
+    return rounds, verify_rounds, drafted, accepted, seconds
+
+
+def replay(
+    streams: Sequence[Stream], label: str, options: dict[str, Any], cost: CostModel
+) -> list[ReplayRow]:
+    """Replay every stream with the method ``options`` (SpecConfig fields)."""
+    from .config import SpecConfig
+    from .methods import build_proposer
+
+    rows = []
+    memories: dict[str, DraftMemory] = {}
+    for s in streams:
+        memory = memories.setdefault(s.session, DraftMemory()) if s.session else DraftMemory()
+        spec = SpecConfig(**options)
+        if spec.method != "ngram":
+            raise Hf2qError(f"replay runs model-free methods only (ngram), not {spec.method!r}")
+        proposer, policy = build_proposer(_MemoryHolder(memory), spec)
+        r, v, d, a, sec = replay_stream(s, proposer, policy, cost)
+        rows.append(ReplayRow(s.name, s.kind, label, len(s.output), r, v, d, a, sec, cost(1) * len(s.output)))
+    return rows
+
+
+def record_streams(target, workloads, max_tokens: int, log: Callable[[str], None] = print) -> list[Stream]:
+    """Plain greedy answers to every request of ``workloads`` (sessions in order)."""
+    from .generation import encode_prompt, generate
+
+    streams = []
+    for w in workloads:
+        answers: list[str] = []
+        requests = w.requests(answers)
+        j = 0
+        while j < len(requests):
+            name, prompt = requests[j]
+            ids = encode_prompt(target, prompt)
+            res = generate(target, ids, max_tokens=max_tokens, method="baseline")
+            streams.append(Stream(name, w.kind, ids, res.tokens, w.name if w.then else None))
+            log(f"recorded {name}: {len(ids)} + {len(res.tokens)} tokens")
+            answers.append(res.text)
+            requests = w.requests(answers)
+            j += 1
+    return streams
+
+
+def measure_costs(target, context: Sequence[int], widths: Sequence[int] = COST_WIDTHS, repeats: int = 15) -> CostModel:
+    """Seconds of a forward of each width (all logits) after ``context``: the
+    fastest of ``repeats`` (the least disturbed by other work), made
+    non-decreasing in the width."""
+    import mlx.core as mx
+
+    rt = target.runtime(slack=max(widths) + 2)
+    rt.prefill(list(context), logits="none")
+    mx.eval(rt.state())
+    feed = list(context)[-max(widths):] * (1 + max(widths) // max(1, len(context)))
+    times: dict[int, list[float]] = {w: [] for w in widths}
+    for _ in range(repeats + 1):  # the first pass warms up
+        for w in widths:
+            t = time.perf_counter()
+            fwd = rt.verify(feed[:w])
+            mx.eval(fwd.logits)
+            times[w].append(time.perf_counter() - t)
+            rt.trim(w)
+    best, seconds = 0.0, {}
+    for w in sorted(times):  # a wider forward never costs less
+        best = max(best, min(times[w][1:]))
+        seconds[w] = best
+    return CostModel(seconds)
+
+
+def save(path: str, streams: Sequence[Stream], cost: CostModel, source: str) -> None:
+    data = {
+        "model": source,
+        "cost_seconds": {str(k): v for k, v in cost.seconds.items()},
+        "streams": [s.__dict__ for s in streams],
+    }
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+
+
+def load(path: str) -> tuple[list[Stream], CostModel]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise Hf2qError(f"cannot read replay streams {path}: {e}") from None
+    cost = CostModel({int(k): float(v) for k, v in data["cost_seconds"].items()})
+    return [Stream(**s) for s in data["streams"]], cost
+
+
+def markdown(rows: Sequence[ReplayRow]) -> str:
+    out = [
+        "| stream | method | tokens | mean accepted length | drafted per accepted | modelled speed-up |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r.name} | {r.method} | {r.tokens} | {r.mean_accepted_length:.2f} | "
+            f"{r.drafted_per_accepted:.2f} | {r.speedup:.2f}x |"
+        )
+    groups: dict[tuple[str, str], list[ReplayRow]] = {}
+    for r in rows:
+        groups.setdefault((r.kind, r.method), []).append(r)
+    out += ["", "| kind | method | mean speed-up | min speed-up |", "|---|---|---:|---:|"]
+    for (kind, method), rs in groups.items():
+        xs = [r.speedup for r in rs]
+        out.append(f"| {kind} | {method} | {sum(xs) / len(xs):.2f}x | {min(xs):.2f}x |")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .bench import parse_method
+
+    ap = argparse.ArgumentParser(prog="python -m hf2q_py.replay", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--streams", required=True, help="JSON file of recorded streams and forward costs")
+    ap.add_argument("--record", action="store_true", help="record the streams with the model (greedy) first")
+    ap.add_argument("--measure-costs", action="store_true", help="measure the forward costs again (keep the streams)")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--only", default=None, help="replay only streams whose name contains this text")
+    ap.add_argument("--methods", default="ngram;ngram:ngram_proposer=lookup,k=16",
+                    help="';'-separated methods with options, as for hf2q-py bench")
+    args = ap.parse_args(argv)
+    try:
+        if args.record:
+            import hf2q_py
+            from .workloads import default_workloads
+
+            target = hf2q_py.load(dtype="float32")
+            streams = record_streams(target, default_workloads(), args.max_tokens)
+            cost = measure_costs(target, streams[0].prompt + streams[0].output)
+            save(args.streams, streams, cost, target.source)
+        elif args.measure_costs:
+            import hf2q_py
+
+            target = hf2q_py.load(dtype="float32")
+            streams, _ = load(args.streams)
+            cost = measure_costs(target, streams[0].prompt + streams[0].output)
+            save(args.streams, streams, cost, target.source)
+        streams, cost = load(args.streams)
+        print("modelled forward cost relative to one token: "
+              + ", ".join(f"{w}: {cost(w) / cost(1):.2f}" for w in sorted(cost.seconds)) + "\n")
+        streams = [s for s in streams if args.only is None or args.only in s.name]
+        rows = []
+        for text in [m for m in (x.strip() for x in args.methods.split(";")) if m]:
+            m = parse_method(text)
+            rows += replay(streams, m.label, m.options, cost)
+        print(markdown(rows))
+    except Hf2qError as e:
+        print(f"hf2q-py replay: error: {e}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""Offline replay: proposers judged against a recorded greedy stream."""
+
+import pytest
+from models import random_prompt, tiny_target
+
+import hf2q_py
+from hf2q_py.errors import Hf2qError
+from hf2q_py.replay import CostModel, Stream, markdown, replay
+
+
+COST = CostModel({1: 0.1, 2: 0.11, 9: 0.18, 33: 0.3})
+
+
+def test_the_cost_model_interpolates_and_extrapolates():
+    assert COST(1) == 0.1
+    assert COST(5) == pytest.approx(0.11 + 3 / 7 * 0.07)
+    assert COST(41) == pytest.approx(0.3 + 8 * 0.12 / 24)
+
+
+def test_replay_accounts_for_every_token():
+    out = [5, 6, 7, 8, 9] * 8
+    stream = Stream("loop", "code", [1, 2, 5, 6, 7, 8, 9, 3], out)
+    (row,) = replay([stream], "suffix", {"method": "ngram", "k": 8, "adaptive": False}, COST)
+    assert row.accepted + row.rounds == len(out)
+    assert row.mean_accepted_length > 4
+    assert row.speedup > 2
+    assert row.baseline_seconds == pytest.approx(0.1 * len(out))
+    assert "| loop | suffix | 40 |" in markdown([row])
+
+
+def test_a_session_shares_its_memory_and_other_streams_do_not():
+    answer = random_prompt(40, 9)
+    prompt = random_prompt(10, 8)
+    alone = [Stream("a", "code", prompt, answer), Stream("b", "code", prompt, answer)]
+    session = [Stream("a", "code", prompt, answer, "s"), Stream("b", "code", prompt, answer, "s")]
+    opts = {"method": "ngram", "k": 16}
+    a1, b1 = replay(alone, "x", opts, COST)
+    a2, b2 = replay(session, "x", opts, COST)
+    assert b1.accepted == a1.accepted == a2.accepted
+    assert b2.accepted > b1.accepted  # the retry drafts the first answer
+    assert b2.mean_accepted_length > 5
+
+
+def test_replayed_acceptance_of_a_real_greedy_stream():
+    target = tiny_target("llama")
+    prompt = (random_prompt(6, 3) * 8)[:40]
+    out = hf2q_py.generate(target, prompt, max_tokens=60).tokens
+    (row,) = replay([Stream("t", "code", prompt, out)], "s", {"method": "ngram", "k": 4, "adaptive": False}, COST)
+    assert row.accepted + row.rounds == len(out)
+
+
+def test_only_model_free_methods_replay():
+    with pytest.raises(Hf2qError, match="model-free"):
+        replay([Stream("t", "code", [1], [2])], "d", {"method": "layerskip"}, COST)
+
+
+def test_a_session_workload_feeds_each_answer_to_the_next_request_and_retries():
+    from hf2q_py.workloads import Workload, default_workloads
+
+    w = Workload("s", "agent", "edit A", then=(("next", "edit B of:\n{answer}"), ("retry", None)))
+    assert w.requests([]) == [("s", "edit A")]
+    assert [p for _, p in w.requests(["ANSWER1", "ANSWER2"])] == ["edit A", "edit B of:\nANSWER1", "edit B of:\nANSWER1"]
+    kinds = {x.kind for x in default_workloads()}
+    assert {"code", "agent", "fresh", "prose", "doc"} <= kinds
