@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test bench
+.PHONY: setup demo test lint bench
 
 $(BIN)/hf2q-py: pyproject.toml
 	./scripts/setup.sh "$(PY)" "$(VENV)"
@@ -13,7 +13,10 @@ setup: $(BIN)/hf2q-py
 demo: setup
 	$(BIN)/hf2q-py generate --method ngram --max-tokens 200 --prompt-file examples/prompts/type_hints.txt
 
-test: setup
+lint: setup
+	$(BIN)/ruff check .
+
+test: lint
 	$(BIN)/python -m pytest -q
 
 bench: setup

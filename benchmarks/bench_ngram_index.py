@@ -24,7 +24,13 @@ from hf2q_py.proposers.suffix import SuffixProposer
 
 
 def stdlib_tokens(n: int) -> list[int]:
-    import argparse as a, json, textwrap, typing, dataclasses, inspect as i, pathlib
+    import argparse as a
+    import json
+    import textwrap
+    import typing
+    import dataclasses
+    import inspect as i
+    import pathlib
 
     text = "".join(inspect.getsource(m) for m in (a, json.decoder, textwrap, typing, dataclasses, i, pathlib))
     try:
@@ -93,7 +99,7 @@ def main():
         p.draft_key(tokens)
         drafted += len(p.propose(tokens, 32))
         times.append(time.perf_counter() - t)
-    print(f"\nsuffix proposer (k 32, memory of 4096 tokens; draft key + drafts), same context\n")
+    print("\nsuffix proposer (k 32, memory of 4096 tokens; draft key + drafts), same context\n")
     print("| what | time |")
     print("|---|---:|")
     print(f"| build the automaton over the {args.context}-token prompt once | {build * 1e3:.1f} ms |")

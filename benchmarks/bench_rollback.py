@@ -13,7 +13,7 @@ import argparse
 import statistics
 import time
 
-import hf2q_py  # first: OpenBLAS before mlx.core
+import hf2q_py  # noqa: F401  (first: OpenBLAS before mlx.core)
 
 import mlx.core as mx
 from mlx.utils import tree_map

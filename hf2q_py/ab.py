@@ -12,7 +12,8 @@ measures it for the model and dtype at hand.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 

@@ -13,7 +13,8 @@ exact for any ``n`` up to the last update's length plus ``slack``.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 
 import mlx.core as mx

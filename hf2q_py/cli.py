@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from .errors import Hf2qError, one_line
 from .files import check_writable, read_text, write_text

@@ -4,7 +4,7 @@ from measured acceptance and measured verify cost."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Hashable
+from collections.abc import Hashable
 
 from .stats import Round
 from .validate import check_int

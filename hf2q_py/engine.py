@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Iterator, Sequence
+from typing import Any
+from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import mlx.core as mx
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
+from collections.abc import Callable, Iterator, Sequence
 
 from .config import GenerationConfig, SpecConfig
 from .sampling import SamplingConfig, make_decider
 from .engine import generate_tokens
 from .errors import Hf2qError
 from .methods import build_proposer
-from .stats import GenerationStats
+from .stats import GenerationStats, Round
 from .validate import check_unicode
 from .target import Target
 from .target import _config_value as target_config_value

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 from .errors import Hf2qError
 from .proposers.suffix import SuffixAutomaton

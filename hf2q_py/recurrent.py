@@ -25,7 +25,8 @@ import inspect
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
+from collections.abc import Callable, Iterator, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -139,7 +140,7 @@ class RecurrentLog:
             )
 
     @classmethod
-    def create(cls, layers: Sequence[nn.Module], caches: Sequence[Any], capacity: int) -> "RecurrentLog | None":
+    def create(cls, layers: Sequence[nn.Module], caches: Sequence[Any], capacity: int) -> RecurrentLog | None:
         """A log for ``caches``, or None when none of them is recurrent."""
         if not any(isinstance(c, ArraysCache) for c in caches):
             return None

@@ -24,7 +24,8 @@ import argparse
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from .errors import Hf2qError
 from .memory import DraftMemory

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 import mlx.core as mx
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Hashable
+from typing import Any
+from collections.abc import Hashable
 
 
 @dataclass

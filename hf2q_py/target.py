@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Hashable, Sequence
+from typing import Any
+from collections.abc import Hashable, Sequence
 
 
 import mlx.core as mx
@@ -62,7 +63,7 @@ class Target:
         self.memory = DraftMemory()
 
     @classmethod
-    def from_mlx_lm(cls, model: Any, tokenizer: Any = None) -> "Target":
+    def from_mlx_lm(cls, model: Any, tokenizer: Any = None) -> Target:
         """Wrap a model from ``mlx_lm.load`` (or built in code). ``tokenizer``
         may be None when prompts are token ids."""
         return cls(model, tokenizer)
@@ -121,7 +122,7 @@ class Target:
     def vocab_size(self) -> int:
         return self.config("vocab_size")
 
-    def runtime(self, slack: int = DEFAULT_SLACK, rollback: int | None = None) -> "Runtime":
+    def runtime(self, slack: int = DEFAULT_SLACK, rollback: int | None = None) -> Runtime:
         """A fresh sequence with an empty cache; ``slack`` bounds multi-step rollback
         on sliding-window layers, ``rollback`` (default: ``slack``) on recurrent ones."""
         return Runtime(self, slack, rollback)

@@ -4,7 +4,7 @@ library itself, the reference), written as llama.cpp's converter writes them."""
 from __future__ import annotations
 
 import io
-from functools import lru_cache
+from functools import cache
 
 import sentencepiece as spm
 
@@ -36,7 +36,7 @@ CORPUS = [
 ]
 
 
-@lru_cache(maxsize=None)
+@cache
 def trained(space_prefix: bool) -> bytes:
     """A serialized SentencePiece BPE model; ``space_prefix`` is its ``add_dummy_prefix``."""
     buf = io.BytesIO()

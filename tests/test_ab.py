@@ -3,7 +3,7 @@
 import json
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -119,7 +119,7 @@ def test_mlx_lm_speculation_past_the_window_is_a_mismatch_and_ours_is_not():
     assert bad.divergence.position + len(prompt) + 5 > 16
 
 
-@lru_cache(maxsize=None)
+@cache
 def cached_target(arch, scale):
     return tiny_target(arch, scale=scale)
 

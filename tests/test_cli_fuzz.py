@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-from functools import lru_cache
+from functools import cache
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -35,7 +35,7 @@ DTYPES = ["auto", "float32", "fp32", "int3", ""]
 GENERATE_FLAGS = ["--json", "--profile", "--no-chat-template", "--fixed-k", "--adaptive", "--no-openblas"]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _cached_load(source: str | None, dtype):
     return real_load(source, dtype=dtype)
 

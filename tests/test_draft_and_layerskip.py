@@ -5,7 +5,7 @@ from helpers import assert_same_greedy
 from models import random_prompt, tiny_target
 
 import hf2q_py
-from hf2q_py.errors import Hf2qError, UnsupportedModelError
+from hf2q_py.errors import Hf2qError
 from mlx.utils import tree_flatten
 
 from hf2q_py.draft_length import AdaptiveK

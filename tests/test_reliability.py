@@ -16,7 +16,6 @@ from hf2q_py.errors import Hf2qError
 from hf2q_py.proposers.ngram import MAX_NGRAM, validate_ngram
 from hf2q_py.sampling import SamplingConfig, filtered_probs
 from hf2q_py.stats import Round
-from hf2q_py.target import Target
 
 
 def cli(capsys, *argv):

@@ -16,7 +16,7 @@ import sysconfig
 import textwrap
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from ..errors import Hf2qError
 from ..files import read_text

@@ -24,7 +24,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -81,7 +82,7 @@ class DrafterConfig:
             raise Hf2qError("drafter config: dflash_config.target_layer_ids is empty")
 
     @classmethod
-    def from_dict(cls, cfg: dict[str, Any]) -> "DrafterConfig":
+    def from_dict(cls, cfg: dict[str, Any]) -> DrafterConfig:
         """Parse a published config.json (``block_size`` at the top level or in
         ``dflash_config``; ``mask_token_id`` and ``target_layer_ids`` in it)."""
         if not isinstance(cfg, dict):

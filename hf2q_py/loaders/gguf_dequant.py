@@ -8,7 +8,7 @@ Block layouts follow ggml's ``block_*`` structs (little-endian).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import mlx.core as mx
 import numpy as np

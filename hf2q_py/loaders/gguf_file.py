@@ -13,11 +13,14 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import ModelLoadError
+
+if TYPE_CHECKING:
+    import mlx.core as mx
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -189,7 +192,7 @@ MX_LOAD_TYPES = {"F32", "F16", "Q4_0", "Q4_1", "Q8_0"}
 _FLOAT_TYPES = {"F32": "<f4", "F16": "<f2"}
 
 
-def read_tensors(header: GGUFHeader) -> dict[str, "mx.array"]:
+def read_tensors(header: GGUFHeader) -> dict[str, mx.array]:
     """Every tensor, each read once: through ``mx.load`` when it reads all of
     the file's types (quantized ones stay quantized), otherwise memory-mapped,
     copied and dequantized to float32 (lazily, by MLX where it can)."""

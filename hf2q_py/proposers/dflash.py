@@ -5,7 +5,8 @@ forwards."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import mlx.core as mx
 

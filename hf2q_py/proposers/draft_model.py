@@ -4,7 +4,7 @@ committed tokens by trimming after each round."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import mlx.core as mx
 

@@ -9,7 +9,7 @@ draft positions is trimmed off again before verification.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import mlx.core as mx
 from mlx.utils import tree_flatten

@@ -3,7 +3,7 @@ when it occurred earlier in the context. No model, no extra weights."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..errors import Hf2qError
 from ..validate import check_int

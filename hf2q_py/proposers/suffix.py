@@ -13,7 +13,8 @@ continuation, with ``count(w c) / count(w)`` as its conditional probability.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Hashable, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Hashable, Sequence
 
 from ..errors import Hf2qError
 from .base import Draft, Proposer
@@ -177,7 +178,7 @@ class SuffixProposer(Proposer):
     #: workloads, then tuned there): adaptive K starts from these, not a flat guess.
     key_priors = {1: 0.45, 2: 0.6, 3: 0.75, 4: 0.85, 8: 0.93, 16: 0.96, 32: 0.98}
 
-    def __init__(self, options: SuffixOptions | None = None, memory: "DraftMemory | None" = None):
+    def __init__(self, options: SuffixOptions | None = None, memory: DraftMemory | None = None):
         self.options = options or SuffixOptions()
         self.options.validate()
         self.memory = memory
