@@ -21,7 +21,7 @@ import mlx.core as mx
 from mlx_lm.generate import speculative_generate_step
 from mlx_lm.sample_utils import make_sampler
 
-from hf2q_py.workloads import default_workloads
+from hf2q_py.tools.workloads import default_workloads
 
 
 class Timed:

@@ -21,7 +21,7 @@ import time
 
 import hf2q_py  # first: OpenBLAS before mlx.core
 
-from hf2q_py.ab import run_ab, table
+from hf2q_py.tools.ab import run_ab, table
 from hf2q_py.generation import encode_prompt
 
 CORPUS = [

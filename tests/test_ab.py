@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from models import ARCHS, random_prompt, tiny_target
 
 import hf2q_py
-from hf2q_py.ab import baseline_trace, compare, near_tie_bound, run_ab
+from hf2q_py.tools.ab import baseline_trace, compare, near_tie_bound, run_ab
 
 
 def test_baseline_trace_is_the_baseline():

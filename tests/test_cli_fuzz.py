@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hf2q_py
-from hf2q_py.cli import main
+from hf2q_py.tools.cli import main
 from hf2q_py.loaders import load as real_load
 
 pytestmark = pytest.mark.slow

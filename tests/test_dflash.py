@@ -11,9 +11,9 @@ from helpers import assert_same_greedy, reference_greedy
 from models import random_prompt, tiny_target
 
 import hf2q_py
-from hf2q_py.cli import main
-from hf2q_py.dflash.model import TargetHead, check_against_target, drafter_for, load_drafter, save_drafter
-from hf2q_py.dflash.train import TrainConfig, accepted_lengths, block_batch, TrainSequence, target_features, train
+from hf2q_py.tools.cli import main
+from hf2q_py.proposers.dflash_drafter import TargetHead, check_against_target, drafter_for, load_drafter, save_drafter
+from hf2q_py.tools.dflash_train import TrainConfig, accepted_lengths, block_batch, TrainSequence, target_features, train
 from hf2q_py.errors import Hf2qError, ModelLoadError
 from hf2q_py.proposers.base import Draft
 from hf2q_py.proposers.dflash import DFlashProposer

@@ -7,7 +7,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from hf2q_py.dflash.model import Drafter, DrafterConfig
+from hf2q_py.proposers.dflash_drafter import Drafter, DrafterConfig
 
 S, L, WINDOW = 6, 5, 3  # context positions, block length, sliding window
 

@@ -9,7 +9,7 @@ from helpers import assert_same_greedy, reference_greedy
 from models import CONFIGS, VOCAB, WRAPPERS, perturbed_target, random_prompt, tiny_target
 
 import hf2q_py
-from hf2q_py.dflash.model import TargetHead, drafter_for
+from hf2q_py.proposers.dflash_drafter import TargetHead, drafter_for
 from hf2q_py.errors import UnsupportedModelError
 from hf2q_py.proposers.layer_skip import LayerSkipProposer
 from hf2q_py.taps import kv_sources

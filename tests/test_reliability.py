@@ -10,7 +10,7 @@ import pytest
 from models import VOCAB, random_prompt, tiny_model, tiny_target
 
 import hf2q_py
-from hf2q_py.cli import main
+from hf2q_py.tools.cli import main
 from hf2q_py.draft_length import MAX_K, AdaptiveK, validate_k
 from hf2q_py.errors import Hf2qError
 from hf2q_py.proposers.ngram import MAX_NGRAM, validate_ngram
@@ -130,7 +130,7 @@ def test_train_dflash_never_overwrites_a_model_folder(tmp_path, capsys, no_model
 
 
 def test_the_python_trainer_refuses_a_model_folder_too(tmp_path):
-    from hf2q_py.dflash.train import TrainConfig, train
+    from hf2q_py.tools.dflash_train import TrainConfig, train
 
     folder = model_folder(tmp_path)
     with pytest.raises(Hf2qError, match="not empty"):
@@ -139,7 +139,7 @@ def test_the_python_trainer_refuses_a_model_folder_too(tmp_path):
 
 
 def test_overwrite_starts_afresh(tmp_path):
-    from hf2q_py.dflash.train import TrainConfig, prepare_out, run_record
+    from hf2q_py.tools.dflash_train import TrainConfig, prepare_out, run_record
 
     folder = model_folder(tmp_path)
     (folder / "README.md").write_text("kept")
@@ -151,7 +151,7 @@ def test_overwrite_starts_afresh(tmp_path):
 
 
 def test_resuming_with_other_prompts_or_target_is_refused(tmp_path, capsys, no_model_load):
-    from hf2q_py.dflash.train import TrainConfig, prepare_out, run_record
+    from hf2q_py.tools.dflash_train import TrainConfig, prepare_out, run_record
 
     out = tmp_path / "drafter"
     cfg = TrainConfig(out=str(out), samples=2, holdout=1)
@@ -170,7 +170,7 @@ def test_resuming_with_other_prompts_or_target_is_refused(tmp_path, capsys, no_m
 
 
 def test_a_run_without_a_record_is_not_resumed_blindly(tmp_path):
-    from hf2q_py.dflash.train import TrainConfig, prepare_out, run_record
+    from hf2q_py.tools.dflash_train import TrainConfig, prepare_out, run_record
 
     work = tmp_path / "d" / "train-state"
     work.mkdir(parents=True)
@@ -191,7 +191,7 @@ def test_train_dflash_options_are_checked_before_loading(tmp_path, capsys, no_mo
 
 
 def test_target_layers_and_mask_are_checked_against_the_target_before_data():
-    from hf2q_py.dflash.train import TrainConfig
+    from hf2q_py.tools.dflash_train import TrainConfig
 
     target = tiny_target("llama")  # 4 layers, vocabulary 128
     TrainConfig(out="x", target_layer_ids=[0, 3], mask_token_id=127).check_target(target)
@@ -244,7 +244,7 @@ def test_unwritable_outputs_are_refused_before_the_run(tmp_path, capsys, no_mode
 
 
 def test_an_output_check_leaves_no_file_behind(tmp_path):
-    from hf2q_py.files import check_writable
+    from hf2q_py.tools.files import check_writable
 
     check_writable(tmp_path / "new.md")
     assert not (tmp_path / "new.md").exists()
@@ -296,7 +296,7 @@ def test_bench_and_ab_error_paths(capsys, no_model_load, argv, words):
     (dict(rope_theta="big"), ["rope_theta"]),
 ])
 def test_drafter_configs_with_wrong_types_are_refused(tmp_path, change, words):
-    from hf2q_py.dflash.model import load_drafter
+    from hf2q_py.proposers.dflash_drafter import load_drafter
     from test_dflash import published_folder
 
     folder = published_folder(tmp_path, tiny_target("llama"))
@@ -311,7 +311,7 @@ def test_drafter_configs_with_wrong_types_are_refused(tmp_path, change, words):
 
 
 def test_a_drafter_config_that_is_a_list_is_refused(tmp_path):
-    from hf2q_py.dflash.model import load_drafter
+    from hf2q_py.proposers.dflash_drafter import load_drafter
 
     (tmp_path / "config.json").write_text("[1, 2, 3]")
     with pytest.raises(Hf2qError, match="must hold an object"):

@@ -5,7 +5,7 @@ from models import random_prompt, tiny_target
 
 import hf2q_py
 from hf2q_py.errors import Hf2qError
-from hf2q_py.replay import CostModel, Stream, markdown, replay
+from hf2q_py.tools.replay import CostModel, Stream, markdown, replay
 
 
 COST = CostModel({1: 0.1, 2: 0.11, 9: 0.18, 33: 0.3})
@@ -55,7 +55,7 @@ def test_only_model_free_methods_replay():
 
 
 def test_a_session_workload_feeds_each_answer_to_the_next_request_and_retries():
-    from hf2q_py.workloads import Workload, default_workloads
+    from hf2q_py.tools.workloads import Workload, default_workloads
 
     w = Workload("s", "agent", "edit A", then=(("next", "edit B of:\n{answer}"), ("retry", None)))
     assert w.requests([]) == [("s", "edit A")]

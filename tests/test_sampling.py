@@ -88,7 +88,7 @@ def test_first_tokens_follow_the_target_distribution(setup, method):
     if method == "draft":
         opts["draft"] = tiny_target("llama", seed=1, scale=2.0)
     if method == "dflash":
-        from hf2q_py.dflash.model import drafter_for
+        from hf2q_py.proposers.dflash_drafter import drafter_for
 
         opts["drafter"] = drafter_for(target, layers=1, block_size=4, target_layer_ids=[0, 2], seed=1)
     if method == "ngram":  # put the likely continuations in the context so drafts happen

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import mlx.core as mx
 
-from ..dflash.model import Drafter, TargetHead, check_against_target, load_drafter
+from .dflash_drafter import Drafter, TargetHead, check_against_target, load_drafter
 from ..errors import Hf2qError
 from ..target import Target
 from .base import Draft, Proposer

@@ -8,14 +8,14 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .errors import Hf2qError, one_line
+from ..errors import Hf2qError, one_line
 from .files import check_writable, read_text, write_text
-from .validate import check_unicode
+from ..validate import check_unicode
 
 _NO_OPENBLAS_BOOT = (
     "import sys, warnings; "
     "warnings.filterwarnings('ignore', message='hf2q_py: mlx.core was imported'); "
-    "import mlx.core; from hf2q_py.cli import main; sys.exit(main(sys.argv[1:]))"
+    "import mlx.core; from hf2q_py.tools.cli import main; sys.exit(main(sys.argv[1:]))"
 )
 
 
@@ -180,8 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_train_dflash(args: argparse.Namespace) -> int:
     import hf2q_py
-    from hf2q_py.dflash.data import default_prompts, read_prompts, self_distill
-    from hf2q_py.dflash.train import TrainConfig, prepare_out, run_record, train
+    from hf2q_py.tools.dflash_data import default_prompts, read_prompts, self_distill
+    from hf2q_py.tools.dflash_train import TrainConfig, prepare_out, run_record, train
     from hf2q_py.loaders import check_source
     from hf2q_py.loaders.convert import parse_dtype
 
@@ -225,11 +225,11 @@ def split_methods(text: str) -> list[str]:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     import hf2q_py
-    from hf2q_py.bench import markdown_table, parse_method, run_bench, save_chart, timestamp
+    from hf2q_py.tools.bench import markdown_table, parse_method, run_bench, save_chart, timestamp
     from hf2q_py.generation import make_config
     from hf2q_py.loaders import check_source
     from hf2q_py.loaders.convert import parse_dtype
-    from hf2q_py.workloads import default_workloads
+    from hf2q_py.tools.workloads import default_workloads
 
     methods = [parse_method(m) for m in split_methods(args.methods) if m != "baseline"]
     if not methods:
@@ -353,7 +353,7 @@ def read_ab_prompts(args: argparse.Namespace) -> list[str]:
             check_unicode(text, f"{args.prompts}:{n}: the prompt")
             prompts.append(text)
     if not prompts:
-        from hf2q_py.workloads import default_workloads
+        from hf2q_py.tools.workloads import default_workloads
 
         prompts = [w.prompt for w in default_workloads()]
     for p in prompts:
@@ -368,7 +368,7 @@ AB_METHODS = ("ngram", "draft", "layerskip", "dflash", "mlx-lm-draft")
 
 def cmd_ab(args: argparse.Namespace) -> int:
     import hf2q_py
-    from hf2q_py.ab import run_ab, table
+    from hf2q_py.tools.ab import run_ab, table
     from hf2q_py.config import check_skip_layers
     from hf2q_py.draft_length import validate_k
     from hf2q_py.generation import encode_prompt

@@ -19,7 +19,7 @@ from pathlib import Path
 from collections.abc import Callable, Iterator, Sequence
 
 from ..errors import Hf2qError
-from ..files import read_text
+from .files import read_text
 from ..validate import check_unicode
 
 #: Modules whose code or documents the benchmark workloads use.

@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 
-from .errors import Hf2qError
-from .generation import encode_prompt, generate
-from .target import Target
+from ..errors import Hf2qError
+from ..generation import encode_prompt, generate
+from ..target import Target
 from .workloads import Workload
 
 

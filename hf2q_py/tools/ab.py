@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 
-from .errors import Hf2qError
-from .generation import generate
-from .target import Target
+from ..errors import Hf2qError
+from ..generation import generate
+from ..target import Target
 
 
 @dataclass

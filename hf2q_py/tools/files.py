@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import Hf2qError
+from ..errors import Hf2qError
 
 
 def read_text(path: str | Path, what: str = "file") -> str:

@@ -42,7 +42,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from ..draft_length import MAX_K
 from ..errors import Hf2qError
 from ..validate import check_bool, check_float, check_int
-from .model import (Drafter, DrafterConfig, TargetHead, default_layer_ids, drafter_for, load_drafter,
+from ..proposers.dflash_drafter import (Drafter, DrafterConfig, TargetHead, default_layer_ids, drafter_for, load_drafter,
                     save_drafter)
 
 STATE_DIR = "train-state"

@@ -8,8 +8,8 @@ one token, exactly as verification would. Time is modelled from measured
 forward costs (seconds of a forward of L tokens), so settings compare
 without timing noise:
 
-    python -m hf2q_py.replay --streams streams.json --record      # once, with the model
-    python -m hf2q_py.replay --streams streams.json --methods "ngram;ngram:ngram_proposer=lookup,k=16"
+    python -m hf2q_py.tools.replay --streams streams.json --record      # once, with the model
+    python -m hf2q_py.tools.replay --streams streams.json --methods "ngram;ngram:ngram_proposer=lookup,k=16"
 
 Requests of one session (an agent's successive edits) replay in order on
 one memory, as on one Target; every other stream starts with an empty one.
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable, Sequence
 
-from .errors import Hf2qError
-from .memory import DraftMemory
-from .stats import Round
+from ..errors import Hf2qError
+from ..memory import DraftMemory
+from ..stats import Round
 
 #: Forward widths measured for the cost model (others are interpolated).
 COST_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 33, 48)
@@ -138,8 +138,8 @@ def replay(
     streams: Sequence[Stream], label: str, options: dict[str, Any], cost: CostModel
 ) -> list[ReplayRow]:
     """Replay every stream with the method ``options`` (SpecConfig fields)."""
-    from .config import SpecConfig
-    from .methods import build_proposer
+    from ..config import SpecConfig
+    from ..methods import build_proposer
 
     rows = []
     memories: dict[str, DraftMemory] = {}
@@ -156,7 +156,7 @@ def replay(
 
 def record_streams(target, workloads, max_tokens: int, log: Callable[[str], None] = print) -> list[Stream]:
     """Plain greedy answers to every request of ``workloads`` (sessions in order)."""
-    from .generation import encode_prompt, generate
+    from ..generation import encode_prompt, generate
 
     streams = []
     for w in workloads:
@@ -243,7 +243,7 @@ def markdown(rows: Sequence[ReplayRow]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     from .bench import parse_method
 
-    ap = argparse.ArgumentParser(prog="python -m hf2q_py.replay", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m hf2q_py.tools.replay", description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", required=True, help="JSON file of recorded streams and forward costs")
     ap.add_argument("--record", action="store_true", help="record the streams with the model (greedy) first")
     ap.add_argument("--measure-costs", action="store_true", help="measure the forward costs again (keep the streams)")

@@ -1,1 +1,0 @@
-"""DFlash block drafting: the drafter model, its training data and its training loop."""
