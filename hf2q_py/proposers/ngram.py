@@ -81,7 +81,7 @@ class NgramProposer(Proposer):
 
     name = "ngram"
 
-    def __init__(self, min_n: int = 1, max_n: int = 3):
+    def __init__(self, min_n: int = 1, max_n: int = 5):
         validate_ngram(min_n, max_n)
         self.index = NgramIndex(min_n, max_n)
         self._found: tuple[int, int] | None = None  # index.find() for the current tokens
