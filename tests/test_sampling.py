@@ -74,7 +74,8 @@ def setup():
 
 METHODS = {
     "baseline": dict(),
-    "ngram": dict(method="ngram", k=2, adaptive=False),
+    "ngram": dict(method="ngram", ngram_proposer="lookup", k=2, adaptive=False),
+    "suffix": dict(method="ngram", ngram_proposer="suffix", memory=False, k=2, adaptive=False),
     "draft": dict(method="draft", k=2, adaptive=False),
     "layerskip": dict(method="layerskip", skip_layers=[1, 2], k=2, adaptive=False),
     "dflash": dict(method="dflash", k=2, adaptive=False),
@@ -91,7 +92,7 @@ def test_first_tokens_follow_the_target_distribution(setup, method):
         from hf2q_py.proposers.dflash_drafter import drafter_for
 
         opts["drafter"] = drafter_for(target, layers=1, block_size=4, target_layer_ids=[0, 2], seed=1)
-    if method == "ngram":  # put the likely continuations in the context so drafts happen
+    if method in ("ngram", "suffix"):  # put the likely continuations in the context so drafts happen
         prompt = prompt + [t for seq in sorted(dist, key=dist.get)[-3:] for t in seq] + prompt[-2:]
         dist = exact_distribution(target, prompt, SamplingConfig(**CFG))
     counts, first_drafted = samples(target, prompt, RUNS, **opts)
@@ -99,7 +100,7 @@ def test_first_tokens_follow_the_target_distribution(setup, method):
     # every speculative run verifies K = 2 drafts in its first round (n-gram: when the context matches)
     if method == "baseline":
         assert set(first_drafted) == {0}
-    elif method == "ngram":
+    elif method in ("ngram", "suffix"):
         assert first_drafted.count(2) > RUNS // 2 and set(first_drafted) <= {0, 2}
     else:
         assert set(first_drafted) == {2}
