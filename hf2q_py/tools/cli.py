@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import Hf2qError, one_line
-from .files import check_writable, read_text, write_text
+from .files import check_writable, read_prompts, read_text, write_text
 from ..validate import check_unicode
 
 _NO_OPENBLAS_BOOT = (
@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_train_dflash(args: argparse.Namespace) -> int:
     import hf2q_py
-    from hf2q_py.tools.dflash_data import default_prompts, read_prompts, self_distill
+    from hf2q_py.tools.dflash_data import default_prompts, self_distill
     from hf2q_py.tools.dflash_train import TrainConfig, prepare_out, run_record, train
     from hf2q_py.loaders import check_source
     from hf2q_py.loaders.convert import parse_dtype
@@ -339,19 +339,7 @@ def read_ab_prompts(args: argparse.Namespace) -> list[str]:
     if args.prompt_file:
         prompts.append(read_text(args.prompt_file, "prompt file"))
     if args.prompts:
-        lines = read_text(args.prompts, "prompts file").splitlines()
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except ValueError:
-                raise Hf2qError(f"{args.prompts}:{n}: not valid JSON") from None
-            text = item.get("prompt") if isinstance(item, dict) else item
-            if not isinstance(text, str):
-                raise Hf2qError(f'{args.prompts}:{n}: expected a string or {{"prompt": "..."}}')
-            check_unicode(text, f"{args.prompts}:{n}: the prompt")
-            prompts.append(text)
+        prompts += read_prompts(args.prompts)
     if not prompts:
         from hf2q_py.tools.workloads import default_workloads
 

@@ -19,8 +19,6 @@ from pathlib import Path
 from collections.abc import Callable, Iterator, Sequence
 
 from ..errors import Hf2qError
-from .files import read_text
-from ..validate import check_unicode
 
 #: Modules whose code or documents the benchmark workloads use.
 BENCHMARK_MODULES = {"textwrap", "statistics", "heapq", "shlex", "json"}
@@ -114,30 +112,6 @@ def default_prompts(n: int, seed: int = 0, min_lines: int = 6, max_lines: int = 
         var = rng.choice(names) if names else ""
         new = next((x for x in rng.sample(NEW_NAMES, len(NEW_NAMES)) if x not in names), "renamed")
         prompts.append(f"{task.format(var=var, new=new)}\n\n```python\n{src}```")
-    return prompts
-
-
-def read_prompts(path: str | Path) -> list[str]:
-    """A prompt file: JSONL (strings or {"prompt": ...}) or plain text, one prompt per line."""
-    lines = read_text(path, "prompts file").splitlines()
-    prompts = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        if line.lstrip().startswith(("{", '"')):
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise Hf2qError(f"{path}:{i}: not valid JSON: {e.msg}") from None
-            item = item.get("prompt") if isinstance(item, dict) else item
-            if not isinstance(item, str):
-                raise Hf2qError(f"{path}:{i}: expected a string or an object with a 'prompt' string")
-            check_unicode(item, f"{path}:{i}: the prompt")
-            prompts.append(item)
-        else:
-            prompts.append(line)
-    if not prompts:
-        raise Hf2qError(f"prompts file {path} holds no prompts")
     return prompts
 
 

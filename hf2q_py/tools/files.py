@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ..errors import Hf2qError
+from ..validate import check_unicode
 
 
 def read_text(path: str | Path, what: str = "file") -> str:
@@ -45,3 +47,27 @@ def write_text(path: str | Path, text: str, what: str = "output file") -> None:
         Path(path).write_text(text, encoding="utf-8")
     except OSError as e:
         raise Hf2qError(f"cannot write {what} {path}: {e.strerror or e}") from None
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """A prompt file: JSONL (strings or {"prompt": ...}) or plain text, one prompt per line."""
+    lines = read_text(path, "prompts file").splitlines()
+    prompts = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith(("{", '"')):
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise Hf2qError(f"{path}:{i}: not valid JSON: {e.msg}") from None
+            item = item.get("prompt") if isinstance(item, dict) else item
+            if not isinstance(item, str):
+                raise Hf2qError(f"{path}:{i}: expected a string or an object with a 'prompt' string")
+            check_unicode(item, f"{path}:{i}: the prompt")
+            prompts.append(item)
+        else:
+            prompts.append(line)
+    if not prompts:
+        raise Hf2qError(f"prompts file {path} holds no prompts")
+    return prompts
