@@ -1,7 +1,7 @@
 """Draft-model and layer-skip proposers on the shared engine: lossless, exact caches."""
 
 import pytest
-from helpers import assert_same_greedy
+from helpers import assert_same_greedy, reference_greedy
 from models import random_prompt, tiny_target
 
 import hf2q_py
@@ -65,10 +65,11 @@ def test_draft_p_min_drafts_less_and_stays_lossless():
     assert gated.stats.drafted < free.stats.drafted
 
 
-def test_eos_and_budget_inside_a_draft_block():
-    target = tiny_target("gemma4_text")
-    prompt = random_prompt(10)
-    free = baseline(target, prompt, 40)
+@pytest.mark.parametrize("arch, scale, seed", [("gemma4_text", 1.0, 0), ("gemma4", 1.0, 3), ("gpt_oss", 1.5, 3)])
+def test_eos_and_budget_inside_a_draft_block(arch, scale, seed):
+    target = tiny_target(arch, scale=scale)
+    prompt = random_prompt(10, seed=seed)
+    free = reference_greedy(target.model, prompt, 40)
     i = next(i for i in range(3, 40) if free[i] not in free[:i])
     for n in (1, 5, 9, 17):
         r = hf2q_py.generate(target, prompt, max_tokens=n, method="draft", draft=target, k=8, adaptive=False)
