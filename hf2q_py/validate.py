@@ -66,3 +66,32 @@ def check_unicode(text: str, what: str = "the prompt") -> None:
         raise Hf2qError(
             f"{what} is not valid Unicode text (lone surrogate {text[e.start]!r} at character {e.start})"
         ) from None
+
+
+SKIP_RECIPES = "auto, alternate, early:N, middle:N or a list like 3,5,7"
+
+
+def _is_number(text: str) -> bool:
+    text = text.strip()
+    return text.isascii() and text.isdigit()
+
+
+def check_skip_layers(spec: Any) -> None:
+    """The layer-skip set's form (its range needs the model: checked at build)."""
+    if isinstance(spec, str):
+        name, colon, arg = spec.partition(":")
+        if spec in ("auto", "alternate"):
+            return
+        if name in ("early", "middle") and colon:
+            if not _is_number(arg) or int(arg) < 1:
+                raise Hf2qError(f"skip recipe {spec!r} needs a layer count >= 1, e.g. {name}:8")
+            return
+        items = [x.strip() for x in spec.split(",") if x.strip()]
+        if not items or not all(_is_number(x) for x in items):
+            raise Hf2qError(f"bad skip layers {spec!r}: use {SKIP_RECIPES}")
+        return
+    if isinstance(spec, (list, tuple)) and spec and all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in spec
+    ):
+        return
+    raise Hf2qError(f"skip layers must be {SKIP_RECIPES} (or a list of layer ids), got {spec!r}")

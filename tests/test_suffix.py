@@ -165,7 +165,7 @@ from helpers import assert_same_greedy  # noqa: E402
 from models import random_prompt, tiny_target  # noqa: E402
 
 import hf2q_py  # noqa: E402
-from hf2q_py.tools.bench import parse_method  # noqa: E402
+from hf2q_py.method_spec import parse_method  # noqa: E402
 
 
 @pytest.mark.parametrize("arch, scale", [("llama", 1.0), ("llama", 2.0), ("gemma4_text", 1.5)])

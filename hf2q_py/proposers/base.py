@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Hashable, Sequence
 
-import mlx.core as mx
+if TYPE_CHECKING:
+    import mlx.core as mx
 
 
 @dataclass
@@ -47,6 +48,8 @@ class Proposer:
     #: True when drafting runs on the target's own KV cache (layer skip): the
     #: engine then never proposes while a target decode is in flight.
     uses_target_cache = False
+    #: Prior acceptance rate per ``draft_key`` for adaptive K (none: measured only).
+    key_priors: dict[Hashable, float] = {}
 
     @property
     def active(self) -> bool:

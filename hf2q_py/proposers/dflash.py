@@ -84,3 +84,15 @@ class DFlashProposer(Proposer):
 
     def update(self, tokens, drafted: int, accepted: int, hidden: dict[int, mx.array]) -> None:
         self._add(hidden, accepted + 1)
+
+
+def build(target: Target, spec) -> DFlashProposer:
+    """The dflash method's proposer (method table); a drafter given as a
+    folder is loaded once per target (``target.remembered``)."""
+    drafter = spec.drafter
+    if isinstance(drafter, (str, Path)):
+        key = ("dflash", str(drafter))
+        if key not in target.remembered:
+            target.remembered[key] = resolve_drafter(drafter, target)
+        drafter = target.remembered[key]
+    return DFlashProposer(target, resolve_drafter(drafter, target))

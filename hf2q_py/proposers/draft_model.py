@@ -117,3 +117,18 @@ class DraftModelProposer(Proposer):
         self.rt.trim(fed - keep)
         self.cached.extend(drafts[:keep])
         return Draft(drafts, probs)
+
+
+def build(target: Target, spec) -> DraftModelProposer:
+    """The draft method's proposer (method table); a draft model given as a
+    path or repo id is loaded once per target (``target.remembered``)."""
+    draft = spec.draft
+    if not isinstance(draft, Target):
+        from ..loaders import load
+
+        key = ("draft", str(draft))
+        if key not in target.remembered:
+            target.remembered[key] = load(draft)
+        draft = target.remembered[key]
+    check_compatible(target, draft)
+    return DraftModelProposer(draft, spec.draft_p_min)

@@ -258,3 +258,9 @@ class LayerSkipProposer(Proposer):
         if self.trials:
             self._account(len(tokens) - self._last_len, now - self._t_last)
         self._last_len, self._t_last = len(tokens), now
+
+
+def build(target: Target, spec) -> LayerSkipProposer:
+    """The layerskip method's proposer (method table); no skip set means ``auto``."""
+    skip = spec.skip_layers if spec.skip_layers is not None else "auto"
+    return LayerSkipProposer(target, skip, k_max=spec.draft_length)

@@ -65,6 +65,8 @@ class NgramIndex:
 #: The longest n-gram looked up (``--ngram-max``): the index keeps every
 #: n-gram up to this length for every position of the context.
 MAX_NGRAM = 16
+#: The longest n-gram looked up by default (``ngram_max``).
+DEFAULT_MAX_N = 5
 
 
 def validate_ngram(min_n: int, max_n: int) -> None:
@@ -81,7 +83,7 @@ class NgramProposer(Proposer):
 
     name = "ngram"
 
-    def __init__(self, min_n: int = 1, max_n: int = 5):
+    def __init__(self, min_n: int = 1, max_n: int = DEFAULT_MAX_N):
         validate_ngram(min_n, max_n)
         self.index = NgramIndex(min_n, max_n)
         self._found: tuple[int, int] | None = None  # index.find() for the current tokens
@@ -132,3 +134,14 @@ def lookup_by_rescan(tokens: Sequence[int], min_n: int, max_n: int, k: int) -> l
             if list(tokens[start : start + n]) == suffix:
                 return list(tokens[start + n : start + n + k])
     return []
+
+
+def build(target, spec) -> Proposer:
+    """The n-gram method's proposer (method table): the suffix proposer,
+    drafting from the Target's memory unless ``memory`` is off, or prompt lookup."""
+    if spec.ngram_proposer == "lookup":
+        return NgramProposer(spec.ngram_min, spec.ngram_max)
+    from .suffix import SuffixOptions, SuffixProposer
+
+    options = SuffixOptions(min_prob=spec.suffix_min_prob, min_match=spec.ngram_min)
+    return SuffixProposer(options, target.memory if spec.memory else None)

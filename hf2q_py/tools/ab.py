@@ -157,8 +157,8 @@ def run_ab(
 ) -> tuple[list[ABResult], NoiseMeasurement]:
     """Every method on every prompt against the greedy baseline.
 
-    ``methods``: (label, generate options); label ``mlx-lm-draft`` runs mlx-lm's
-    speculative decoding with options ``draft`` (a Target) and ``k``.
+    ``methods``: (label, generate options); a label starting ``mlx-lm-draft``
+    runs mlx-lm's speculative decoding with options ``draft`` (a Target) and ``k``.
     """
     if not prompts:
         raise Hf2qError("no prompts to compare")
@@ -171,7 +171,7 @@ def run_ab(
             log(f"near-tie bound {noise.bound:.3g} (2 x max |batched - single| logit difference "
                 f"{noise.max_logit_diff:.3g} over {noise.positions} positions)")
         for label, opts in methods:
-            if label == "mlx-lm-draft":
+            if label.startswith("mlx-lm-draft"):
                 toks = mlx_lm_draft_tokens(target, opts["draft"], ids, max_tokens, opts.get("k", 4))
                 stats = {}
             else:

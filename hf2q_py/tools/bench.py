@@ -10,58 +10,10 @@ from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 
-from ..errors import Hf2qError
 from ..generation import encode_prompt, generate
+from ..method_spec import MethodSpec
 from ..target import Target
 from .workloads import Workload
-
-
-@dataclass
-class MethodSpec:
-    """A method with its options, e.g. ``ngram:k=4,fixed``."""
-
-    label: str
-    options: dict[str, Any]
-
-
-_BOOL = {"fixed": ("adaptive", False), "adaptive": ("adaptive", True)}
-_INT = ("k", "ngram_min", "ngram_max")
-_FLOAT = ("draft_p_min", "suffix_min_prob")
-_STR = ("draft", "drafter", "skip_layers", "ngram_proposer")
-_YES_NO = ("memory",)
-
-
-def parse_method(text: str) -> MethodSpec:
-    """``name[:key=value,flag,...]``: keys are the per-method ``SpecConfig``
-    fields ``k``, ``ngram_min``, ``ngram_max``, ``draft_p_min``, ``draft``,
-    ``drafter``, ``skip_layers``; flags ``fixed``/``adaptive``. Sampling
-    options apply to every method alike (``--temp``, ``--seed``)."""
-    name, _, rest = text.partition(":")
-    options: dict[str, Any] = {"method": name.strip()}
-    for item in filter(None, (x.strip() for x in rest.split(","))):
-        if item in _BOOL:
-            key, value = _BOOL[item]
-            options[key] = value
-            continue
-        key, eq, value = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not eq:
-            raise Hf2qError(f"bad method option {item!r} in {text!r}: use key=value, fixed or adaptive")
-        if key not in _INT + _FLOAT + _STR + _YES_NO:
-            raise Hf2qError(
-                f"unknown method option {key!r} in {text!r}: use {', '.join(_INT + _FLOAT + _STR + _YES_NO)}, "
-                "fixed or adaptive (sampling is set for all methods with --temp and --seed)"
-            )
-        if key in _YES_NO:
-            if value.strip().lower() not in ("0", "1", "true", "false", "yes", "no"):
-                raise Hf2qError(f"bad value for {key} in {text!r}: {value!r} (use 0 or 1)")
-            options[key] = value.strip().lower() in ("1", "true", "yes")
-            continue
-        try:
-            options[key] = int(value) if key in _INT else float(value) if key in _FLOAT else value.strip()
-        except ValueError:
-            raise Hf2qError(f"bad value for {key} in {text!r}: {value!r}") from None
-    return MethodSpec(text, options)
 
 
 @dataclass

@@ -36,19 +36,59 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--method", default="baseline", help="baseline, ngram, draft, layerskip or dflash")
-    p.add_argument("--k", type=_positive_int, default=None, help="(maximum) draft length per round (default: 32 for ngram with the suffix proposer, 16 with lookup, 8 otherwise)")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--adaptive", dest="adaptive", action="store_true", default=True, help="choose K each round from measured acceptance and cost (default)")
-    mode.add_argument("--fixed-k", dest="adaptive", action="store_false", help="always draft up to K tokens")
-    p.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram to look up (n-gram method)")
-    p.add_argument("--ngram-max", type=int, default=5, help="longest n-gram to look up (n-gram method, lookup proposer)")
-    p.add_argument("--ngram-proposer", default="suffix", choices=("suffix", "lookup"), help="n-gram method: suffix automaton with counts (default) or prompt lookup")
-    p.add_argument("--suffix-min-prob", type=float, default=0.1, help="suffix proposer: stop a draft where its estimated probability falls below this")
-    p.add_argument("--draft-model", default=None, help="draft model (draft method): folder, HF repo id or GGUF")
-    p.add_argument("--draft-p-min", type=float, default=0.0, help="stop drafting when the draft's confidence drops below this")
-    p.add_argument("--skip-layers", default="auto", help="layer-skip set: auto, alternate, early:N, middle:N or a list like 3,5,7")
-    p.add_argument("--drafter", default=None, help="DFlash drafter folder (dflash method)")
+    p.add_argument("--method", default="baseline", help=f"{METHOD_SPEC_HELP} (default: baseline)")
+    add_method_flags(p)
+    add_sampling_args(p)
+
+
+METHOD_SPEC_HELP = (
+    "a method spec NAME[:key=value,flag,...], NAME one of baseline, ngram, draft, layerskip, dflash; "
+    "e.g. 'ngram:k=8,fixed' or 'layerskip:skip_layers=[3,5,7]'"
+)
+
+
+def add_method_flags(p: argparse.ArgumentParser, note: str = "") -> None:
+    """One flag per option of the method table: the method spec's options as
+    flags (``--k 8`` is ``:k=8``), for every method that takes them."""
+    from ..methods import METHODS, OPTIONS
+
+    for o in OPTIONS.values():
+        users = ", ".join(m.name for m in METHODS.values() if o.name in m.options)
+        text = f"{o.help} [{users}{note}]"
+        if o.kind == "bool":
+            group = p.add_mutually_exclusive_group()
+            group.add_argument(o.cli_flag, dest=o.name, action="store_true", default=argparse.SUPPRESS, help=text)
+            group.add_argument(o.cli_off_flag, dest=o.name, action="store_false", default=argparse.SUPPRESS,
+                               help=f"{o.name} off (as {o.name}=no)")
+        else:
+            metavar = {"int": "N", "float": "X", "choice": "{" + ",".join(o.choices) + "}"}.get(o.kind, o.name.upper())
+            p.add_argument(o.cli_flag, dest=o.name, type=_option_type(o), default=argparse.SUPPRESS,
+                           metavar=metavar, help=text)
+
+
+def _option_type(option):
+    from ..method_spec import parse_value
+
+    def convert(text: str):
+        try:
+            value = parse_value(option, text)
+            option.check(value)
+        except Hf2qError as e:
+            raise argparse.ArgumentTypeError(one_line(e)) from None
+        return value
+
+    convert.__name__ = option.kind  # argparse names the type in its messages
+    return convert
+
+
+def flag_options(args: argparse.Namespace) -> dict:
+    """The method options given as flags."""
+    from ..methods import OPTIONS
+
+    return {name: getattr(args, name) for name in OPTIONS if hasattr(args, name)}
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -57,30 +97,41 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repetition-penalty", type=float, default=1.0)
 
 
-def spec_options(args: argparse.Namespace) -> dict:
-    options = dict(
-        method=args.method,
-        k=args.k,
-        adaptive=args.adaptive,
-        ngram_min=args.ngram_min,
-        ngram_max=args.ngram_max,
-        ngram_proposer=args.ngram_proposer,
-        suffix_min_prob=args.suffix_min_prob,
-        draft_p_min=args.draft_p_min,
-        temperature=args.temp,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        min_p=args.min_p,
-        seed=args.seed,
-        repetition_penalty=args.repetition_penalty,
-    )
-    if args.method == "draft":
-        options["draft"] = args.draft_model  # the path is checked; the CLI loads it with --dtype
-    if args.method == "layerskip":
-        options["skip_layers"] = args.skip_layers
-    if args.method == "dflash":
-        options["drafter"] = args.drafter
-    return options
+def sampling_options(args: argparse.Namespace) -> dict:
+    return dict(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed,
+                repetition_penalty=args.repetition_penalty)
+
+
+def parse_command_methods(text: str, args: argparse.Namespace, defaults: dict | None = None):
+    """The method specs of ``--method``/``--methods`` with the option flags
+    (and the command's ``defaults``) filled in where a spec leaves them out."""
+    from ..method_spec import fill_options, parse_methods
+
+    return fill_options(parse_methods(text), flag_options(args), defaults)
+
+
+def check_sources(specs) -> None:
+    """Draft models and drafter folders named by the methods exist (before any load)."""
+    from hf2q_py.loaders import check_source
+
+    for s in specs:
+        if isinstance(s.options.get("draft"), str):
+            check_source(s.options["draft"])
+        if isinstance(s.options.get("drafter"), str):
+            check_drafter_folder(s.options["drafter"])
+
+
+def load_drafts(specs, dtype: str) -> None:
+    """Replace draft model paths by the loaded models (with ``dtype``, once each)."""
+    import hf2q_py
+
+    loaded = {}
+    for s in specs:
+        src = s.options.get("draft")
+        if isinstance(src, str):
+            if src not in loaded:
+                loaded[src] = hf2q_py.load(src, dtype=dtype)
+            s.options["draft"] = loaded[src]
 
 
 def read_prompt(args: argparse.Namespace) -> str:
@@ -128,22 +179,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("ab", help="compare methods with plain greedy decoding token by token")
     add_model_args(a)
-    a.add_argument("--methods", default="ngram", help="comma-separated: ngram, draft, layerskip, dflash, mlx-lm-draft")
+    a.add_argument("--methods", default="ngram", help="method specs as for generate --method, separated by ';' "
+                   "(or ',' when none has options); also mlx-lm-draft[:draft=PATH,k=N], mlx-lm's own speculative decoding")
     a.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     a.add_argument("--prompt-file", default=None, help="a file holding one prompt")
     a.add_argument("--prompts", default=None, help='JSONL file: one prompt per line, a string or {"prompt": ...}')
     a.add_argument("--max-tokens", type=_positive_int, default=128)
-    a.add_argument("--k", type=_positive_int, default=4)
-    a.add_argument("--draft-model", default=None, help="draft model for draft and mlx-lm-draft")
-    a.add_argument("--skip-layers", default="auto")
-    a.add_argument("--drafter", default=None, help="DFlash drafter folder for dflash")
+    add_method_flags(a, note="; ab: k defaults to 4")
     a.add_argument("--no-chat-template", action="store_true")
     a.add_argument("--json", action="store_true", help="print the results as JSON")
     a.add_argument("--markdown", default=None, help="also write the table to this file")
 
     b = sub.add_parser("bench", help="methods vs plain decoding on real workloads (Markdown table)")
     add_model_args(b)
-    b.add_argument("--methods", default="ngram", help="comma-separated; options after ':' e.g. 'ngram:k=4,fixed' (separate methods with ';' when using options)")
+    b.add_argument("--methods", default="ngram", help="method specs as for generate --method, separated by ';' "
+                   "(or ',' when none has options), e.g. 'ngram;ngram:k=4,fixed'")
+    add_method_flags(b)
     b.add_argument("--max-tokens", type=_positive_int, default=256)
     b.add_argument("--repeats", type=_positive_int, default=1)
     b.add_argument("--temp", type=float, default=0.0, help="sampling temperature for every run (0: greedy)")
@@ -216,30 +267,21 @@ def cmd_train_dflash(args: argparse.Namespace) -> int:
     return 0
 
 
-def split_methods(text: str) -> list[str]:
-    """'a;b:k=2,fixed' or 'a,b' (the latter only when no method has options)."""
-    if ";" in text or ":" in text:
-        return [m for m in (x.strip() for x in text.split(";")) if m]
-    return [m for m in (x.strip() for x in text.split(",")) if m]
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
     import hf2q_py
-    from hf2q_py.tools.bench import markdown_table, parse_method, run_bench, save_chart, timestamp
+    from hf2q_py.tools.bench import markdown_table, run_bench, save_chart, timestamp
     from hf2q_py.generation import make_config
     from hf2q_py.loaders import check_source
     from hf2q_py.loaders.convert import parse_dtype
     from hf2q_py.tools.workloads import default_workloads
 
-    methods = [parse_method(m) for m in split_methods(args.methods) if m != "baseline"]
+    methods = [m for m in parse_command_methods(args.methods, args) if m.method != "baseline"]
     if not methods:
         raise Hf2qError("--methods names no method to compare with the baseline")
     common = {"temperature": args.temp, "seed": args.seed} if args.temp != 0 else {}
     for m in methods:  # every option is checked before the model loads
         make_config(max_tokens=args.max_tokens, **common, **m.options)
-        if "draft" in m.options:
-            check_source(m.options["draft"])
-        check_drafter_folder(m.options.get("drafter"))
+    check_sources(methods)
     only = [x for x in (args.only or "").split(",") if x]
     workloads = [w for w in default_workloads() if not only or any(x in w.name for x in only)]
     if not workloads:
@@ -250,13 +292,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     parse_dtype(args.dtype)
     check_source(args.model)
     target = hf2q_py.load(args.model, dtype=args.dtype)
-    drafts = {}
-    for m in methods:  # draft models load with --dtype, once each
-        src = m.options.get("draft")
-        if isinstance(src, str):
-            if src not in drafts:
-                drafts[src] = hf2q_py.load(src, dtype=args.dtype)
-            m.options["draft"] = drafts[src]
+    load_drafts(methods, args.dtype)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     rows = run_bench(target, workloads, methods, max_tokens=args.max_tokens, repeats=args.repeats,
                      common=common, log=log)
@@ -281,22 +317,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from hf2q_py.loaders import check_source
     from hf2q_py.loaders.convert import parse_dtype
 
-    # every option is checked before the model loads
-    config = make_config(
-        max_tokens=args.max_tokens,
-        stop=tuple(args.stop),
-        chat_template=not args.no_chat_template,
-        **spec_options(args),
-    )
+    spec = parse_command_methods(args.method, args)[0]  # every option is checked before the model loads
+    config = make_config(max_tokens=args.max_tokens, stop=tuple(args.stop), chat_template=not args.no_chat_template,
+                         **spec.options, **sampling_options(args))
     parse_dtype(args.dtype)
     check_source(args.model)
-    if args.method == "draft":
-        check_source(args.draft_model)
-    if args.method == "dflash":
-        check_drafter_folder(args.drafter)
+    check_sources([spec])
     target = hf2q_py.load(args.model, dtype=args.dtype)
-    if args.method == "draft":
-        config.spec.draft = hf2q_py.load(args.draft_model, dtype=args.dtype)
+    load_drafts([spec], args.dtype)
+    config.spec.draft = spec.options.get("draft")
     ids = encode_prompt(target, prompt, config.chat_template)
     on_round = None
     if args.profile:
@@ -351,62 +380,63 @@ def read_ab_prompts(args: argparse.Namespace) -> list[str]:
     return prompts
 
 
-AB_METHODS = ("ngram", "draft", "layerskip", "dflash", "mlx-lm-draft")
+MLX_LM_DRAFT = "mlx-lm-draft"
+
+
+def parse_ab_methods(args: argparse.Namespace) -> list:
+    """``--methods`` for ab: method specs, plus ``mlx-lm-draft[:draft=PATH,k=N]``
+    (mlx-lm's speculative decoding, checked as the draft method); the option
+    flags fill in what a spec leaves out, and K is 4 unless given."""
+    from hf2q_py.method_spec import fill_options, parse_method, split_methods
+    from hf2q_py.methods import METHODS
+
+    parts = split_methods(args.methods)
+    if not parts:
+        raise Hf2qError("--methods is empty")
+    specs = []
+    for text in parts:
+        name, colon, rest = text.partition(":")
+        if name.strip() not in (*METHODS, MLX_LM_DRAFT):
+            raise Hf2qError(f"unknown method {name.strip()!r} for ab; choose from {', '.join([*METHODS, MLX_LM_DRAFT])}")
+        spec = parse_method("draft" + colon + rest if name.strip() == MLX_LM_DRAFT else text)
+        if name.strip() == MLX_LM_DRAFT and set(spec.options) - {"method", "draft", "k"}:
+            raise Hf2qError(f"{MLX_LM_DRAFT} takes draft and k only, got {text!r}")
+        spec.label = text
+        specs.append(spec)
+    methods = [s for s in fill_options(specs, flag_options(args), {"k": 4}) if s.method != "baseline"]
+    if not methods:
+        raise Hf2qError("--methods names no method to compare with the baseline")
+    return methods
 
 
 def cmd_ab(args: argparse.Namespace) -> int:
     import hf2q_py
     from hf2q_py.tools.ab import run_ab, table
-    from hf2q_py.config import check_skip_layers
-    from hf2q_py.draft_length import validate_k
-    from hf2q_py.generation import encode_prompt
+    from hf2q_py.generation import encode_prompt, make_config
     from hf2q_py.loaders import check_source
     from hf2q_py.loaders.convert import parse_dtype
 
-    names = [m.strip() for m in args.methods.split(",") if m.strip()]
-    for m in names:
-        if m not in AB_METHODS:
-            raise Hf2qError(f"unknown method {m!r} for ab; choose from {', '.join(sorted(AB_METHODS))}")
-    if not names:
-        raise Hf2qError("--methods is empty")
-    validate_k(args.k)
-    needs_draft = {"draft", "mlx-lm-draft"} & set(names)
-    if needs_draft and not args.draft_model:
-        raise Hf2qError(f"{', '.join(sorted(needs_draft))} needs --draft-model")
-    if "dflash" in names and not args.drafter:
-        raise Hf2qError("dflash needs --drafter")
-    if "layerskip" in names:
-        check_skip_layers(args.skip_layers)
+    methods = parse_ab_methods(args)
+    for m in methods:  # every option is checked before the model loads
+        make_config(max_tokens=args.max_tokens, **m.options)
     prompts = read_ab_prompts(args)
     if args.markdown:
         check_writable(args.markdown, "--markdown file")
     parse_dtype(args.dtype)
     check_source(args.model)
-    if needs_draft:
-        check_source(args.draft_model)
-    if "dflash" in names:
-        check_drafter_folder(args.drafter)
+    check_sources(methods)
     target = hf2q_py.load(args.model, dtype=args.dtype)
-    draft = hf2q_py.load(args.draft_model, dtype=args.dtype) if needs_draft else None
-    methods = []
-    for m in names:
-        if m == "ngram":
-            methods.append((m, dict(method="ngram", k=args.k)))
-        elif m == "draft":
-            methods.append((m, dict(method="draft", draft=draft, k=args.k)))
-        elif m == "layerskip":
-            methods.append((m, dict(method="layerskip", skip_layers=args.skip_layers, k=args.k)))
-        elif m == "dflash":
-            methods.append((m, dict(method="dflash", drafter=args.drafter, k=args.k)))
-        else:
-            methods.append((m, dict(draft=draft, k=args.k)))
-    if draft is not None:
-        from hf2q_py.proposers.draft_model import check_compatible
+    load_drafts(methods, args.dtype)
+    from hf2q_py.proposers.draft_model import check_compatible
 
-        check_compatible(target, draft)  # mlx-lm-draft too: it has no check of its own
+    for m in methods:
+        if m.label.startswith(MLX_LM_DRAFT):  # mlx-lm has no check of its own
+            check_compatible(target, m.options["draft"])
+            m.options = {"draft": m.options["draft"], "k": m.options["k"]}
     encoded = [(p, encode_prompt(target, p, not args.no_chat_template)) for p in prompts]
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    results, noise = run_ab(target, encoded, methods, max_tokens=args.max_tokens, log=log)
+    results, noise = run_ab(target, encoded, [(m.label, m.options) for m in methods], max_tokens=args.max_tokens,
+                            log=log)
     mismatches = sum(r.verdict == "MISMATCH" for r in results)
     summary = (
         f"near-tie bound {noise.bound:.3g}: 2 x the largest |batched - single-token| logit difference "

@@ -241,7 +241,7 @@ def markdown(rows: Sequence[ReplayRow]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .bench import parse_method
+    from ..method_spec import parse_methods
 
     ap = argparse.ArgumentParser(prog="python -m hf2q_py.tools.replay", description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", required=True, help="JSON file of recorded streams and forward costs")
@@ -273,8 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               + ", ".join(f"{w}: {cost(w) / cost(1):.2f}" for w in sorted(cost.seconds)) + "\n")
         streams = [s for s in streams if args.only is None or args.only in s.name]
         rows = []
-        for text in [m for m in (x.strip() for x in args.methods.split(";")) if m]:
-            m = parse_method(text)
+        for m in parse_methods(args.methods):
             rows += replay(streams, m.label, m.options, cost)
         print(markdown(rows))
     except Hf2qError as e:
