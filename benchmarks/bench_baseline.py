@@ -1,19 +1,24 @@
 """Plain decoding: hf2q-py's baseline against mlx-lm's own stream_generate on
 the same loaded model (built-in SmolLM2-135M, float32), alternating in one run.
 
-    python benchmarks/bench_baseline.py [--repeats 5] [--max-tokens 128]
+    python benchmarks/bench_baseline.py [--repeats 5] [--max-tokens 128] [--results benchmarks/results/baseline.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
+import sys
 import time
 
 import hf2q_py  # first: loads OpenBLAS before mlx.core
 
 from mlx_lm import stream_generate as mlx_stream_generate
 from mlx_lm.sample_utils import make_sampler
+
+from hf2q_py.tools import results
+from hf2q_py.tools.files import check_writable
 
 PROMPT = "Write a long, detailed story about a cartographer who maps an island that keeps changing shape."
 
@@ -51,7 +56,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--results", default=None, help="also write a results file (JSON) here")
     args = ap.parse_args()
+    if args.results:
+        check_writable(args.results, "--results file")
     target = hf2q_py.load(dtype="float32")
     ids = hf2q_py.encode_prompt(target, PROMPT)
     ttft = {"mlx-lm": [], "hf2q-py": []}
@@ -71,14 +79,17 @@ def main():
         same &= out["mlx-lm"] == out["hf2q-py"]
     med = {k: statistics.median(v) for k, v in rate.items()}
     pre = {k: len(ids) / statistics.median(v) for k, v in ttft.items()}
-    print(f"built-in SmolLM2-135M-Instruct, float32, OpenBLAS {hf2q_py.openblas_status().state}, "
-          f"prompt {len(ids)} tokens, {args.max_tokens} new tokens, median of {args.repeats} alternating runs\n")
-    print("| engine | prefill tok/s (to first token) | decode tok/s |")
-    print("|---|---:|---:|")
-    for k in ("mlx-lm", "hf2q-py"):
-        print(f"| {k} | {pre[k]:.0f} | {med[k]:.2f} |")
-    print(f"| hf2q-py / mlx-lm | {pre['hf2q-py'] / pre['mlx-lm']:.3f}x | {med['hf2q-py'] / med['mlx-lm']:.3f}x |")
-    print(f"\nidentical tokens: {same}")
+    rows = [[k, f"{pre[k]:.0f}", f"{med[k]:.2f}"] for k in ("mlx-lm", "hf2q-py")]
+    rows.append(["hf2q-py / mlx-lm", f"{pre['hf2q-py'] / pre['mlx-lm']:.3f}x", f"{med['hf2q-py'] / med['mlx-lm']:.3f}x"])
+    notes = (f"Built-in SmolLM2-135M-Instruct, float32, prompt {len(ids)} tokens, {args.max_tokens} new tokens, "
+             f"medians of {args.repeats} alternating runs on the same loaded model; identical tokens: {same}.")
+    rec = results.record(shlex.join(["python", *sys.argv]),
+                         [results.table(["engine", "prefill tok/s (to first token)", "decode tok/s"], rows, "lrr")],
+                         notes=notes, data={"ttft_seconds": ttft, "decode_tok_s": rate, "identical": same,
+                                            "prompt_tokens": len(ids), "max_tokens": args.max_tokens})
+    print(results.render(rec))
+    if args.results:
+        results.write(args.results, rec)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The n-gram proposers alone: cost per round at long contexts (no model).
 
-    python benchmarks/bench_ngram_index.py [--context 32768]
+    python benchmarks/bench_ngram_index.py [--context 32768] [--results benchmarks/results/ngram_cost_per_round.json]
 
 Builds a context from Python standard-library source (real, repetitive
 text), tokenized with the built-in model's tokenizer when available
@@ -15,10 +15,14 @@ from __future__ import annotations
 import argparse
 import inspect
 import random
+import shlex
 import statistics
+import sys
 import time
 
 from hf2q_py.memory import DraftMemory
+from hf2q_py.tools import results
+from hf2q_py.tools.files import check_writable
 from hf2q_py.proposers.ngram import NgramProposer, lookup_by_rescan
 from hf2q_py.proposers.suffix import SuffixProposer
 
@@ -49,7 +53,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--context", type=int, default=32768)
     ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--results", default=None, help="also write a results file (JSON) here")
     args = ap.parse_args()
+    if args.results:
+        check_writable(args.results, "--results file")
     ids = stdlib_tokens(args.context + args.rounds * 4)
     rng = random.Random(0)
     prompt = ids[: args.context]
@@ -74,13 +81,12 @@ def main():
             t = time.perf_counter()
             assert lookup_by_rescan(tokens, 1, 5, 16) == d
             naive.append(time.perf_counter() - t)
-    print(f"n-gram proposer (min 1, max 5, k 16; draft key + drafts), context {args.context} tokens of stdlib source\n")
-    print("| what | time |")
-    print("|---|---:|")
-    print(f"| index the {args.context}-token prompt once | {build * 1e3:.1f} ms |")
-    print(f"| per round, incremental index (median of {args.rounds}) | {statistics.median(inc) * 1e6:.1f} us |")
-    print(f"| per round, incremental index (max) | {max(inc) * 1e6:.1f} us |")
-    print(f"| per round, full rescan (median of {len(naive)}) | {statistics.median(naive) * 1e3:.2f} ms |")
+    lookup = results.table(["what", "time"], [
+        [f"index the {args.context}-token prompt once", f"{build * 1e3:.1f} ms"],
+        [f"per round, incremental index (median of {args.rounds})", f"{statistics.median(inc) * 1e6:.1f} us"],
+        ["per round, incremental index (max)", f"{max(inc) * 1e6:.1f} us"],
+        [f"per round, full rescan (median of {len(naive)})", f"{statistics.median(naive) * 1e3:.2f} ms"],
+    ], "lr", title="Lookup proposer (n-grams of 1-5, K 16; draft key and drafts per round):")
 
     memory = DraftMemory()
     memory.add(ids[args.context // 2 : args.context // 2 + 4096])
@@ -99,14 +105,19 @@ def main():
         p.draft_key(tokens)
         drafted += len(p.propose(tokens, 32))
         times.append(time.perf_counter() - t)
-    print("\nsuffix proposer (k 32, memory of 4096 tokens; draft key + drafts), same context\n")
-    print("| what | time |")
-    print("|---|---:|")
-    print(f"| build the automaton over the {args.context}-token prompt once | {build * 1e3:.1f} ms |")
-    print(f"| per round (median of {args.rounds}) | {statistics.median(times) * 1e6:.1f} us |")
-    print(f"| per round (mean) | {statistics.mean(times) * 1e6:.1f} us |")
-    print(f"| per round (max) | {max(times) * 1e6:.1f} us |")
-    print(f"| mean drafts per round | {drafted / args.rounds:.1f} |")
+    suffix = results.table(["what", "time"], [
+        [f"build the automaton over the {args.context}-token prompt once", f"{build * 1e3:.1f} ms"],
+        [f"per round (median of {args.rounds})", f"{statistics.median(times) * 1e6:.1f} us"],
+        ["per round (mean)", f"{statistics.mean(times) * 1e6:.1f} us"],
+        ["per round (max)", f"{max(times) * 1e6:.1f} us"],
+        ["mean drafts per round", f"{drafted / args.rounds:.1f}"],
+    ], "lr", title="Suffix proposer (K 32, a memory of 4096 earlier tokens; draft key and drafts per round):")
+    rec = results.record(shlex.join(["python", *sys.argv]), [lookup, suffix],
+                         notes=f"A context of {args.context} tokens of standard library source; each round "
+                               "commits 1-4 tokens, then asks for the draft key and the drafts.")
+    print(results.render(rec))
+    if args.results:
+        results.write(args.results, rec)
 
 
 if __name__ == "__main__":

@@ -4,13 +4,15 @@ verify on an attention-only model of the same width, depth, heads and MLP
 (Qwen3), and the rollback to n accepted drafts against a
 full re-run of the accepted tokens. Random float32 weights, after a prompt.
 
-    python benchmarks/bench_rollback.py [--hidden 512] [--layers 8] [--k 8] [--repeats 20]
+    python benchmarks/bench_rollback.py [--hidden 512] [--layers 8] [--k 8] [--repeats 20] [--results PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
+import sys
 import time
 
 import hf2q_py  # noqa: F401  (first: OpenBLAS before mlx.core)
@@ -20,6 +22,8 @@ from mlx.utils import tree_map
 from mlx_lm.utils import _get_classes
 
 from hf2q_py.target import Target
+from hf2q_py.tools import results
+from hf2q_py.tools.files import check_writable
 
 
 def build(hidden: int, layers: int, hybrid: bool, vocab: int = 32000) -> Target:
@@ -87,19 +91,28 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--prompt", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--results", default=None, help="also write a results file (JSON) here")
     a = ap.parse_args()
+    if a.results:
+        check_writable(a.results, "--results file")
     prompt = [(7 * i) % 1000 + 3 for i in range(a.prompt)]
     block = [(11 * i) % 1000 + 5 for i in range(a.k + 1)]
     hybrid = build(a.hidden, a.layers, hybrid=True)
     attention = build(a.hidden, a.layers, hybrid=False)
     h = measure(hybrid, prompt, block, a.repeats)
     t = measure(attention, prompt, block, a.repeats)
-    print(f"hidden {a.hidden}, {a.layers} layers, verify of K+1 = {a.k + 1} tokens after {a.prompt}")
-    print(f"attention-only verify        {t['verify'] * 1e3:8.2f} ms")
-    print(f"hybrid verify, not recorded  {h['unrecorded'] * 1e3:8.2f} ms")
-    print(f"hybrid verify, recorded      {h['verify'] * 1e3:8.2f} ms")
-    print(f"hybrid rollback (mean n<K)   {h['rollback'] * 1e3:8.2f} ms  = {100 * h['rollback'] / h['verify']:.1f}% of its verify")
-    print(f"full re-run of accepted      {h['rerun'] * 1e3:8.2f} ms  = {100 * h['rerun'] / h['verify']:.1f}% of its verify")
+    share = lambda x: f"{x * 1e3:.1f} ({100 * x / h['verify']:.1f}% of the recorded verify)"  # noqa: E731
+    rows = [["attention-only verify", f"{t['verify'] * 1e3:.1f}"],
+            ["hybrid verify, not recorded", f"{h['unrecorded'] * 1e3:.1f}"],
+            ["hybrid verify, recorded", f"{h['verify'] * 1e3:.1f}"],
+            ["hybrid rollback, mean over n < K", share(h["rollback"])],
+            ["full re-run of the accepted tokens", share(h["rerun"])]]
+    rec = results.record(shlex.join(["python", *sys.argv]), [results.table(["", "ms"], rows, "lr")],
+                         notes=f"Hidden {a.hidden}, {a.layers} layers, a verify of K + 1 = {a.k + 1} tokens "
+                               f"after a {a.prompt}-token prompt, {a.repeats} repeats.", data={"hybrid": h, "attention": t})
+    print(results.render(rec))
+    if a.results:
+        results.write(a.results, rec)
 
 
 if __name__ == "__main__":

@@ -116,11 +116,11 @@ def _median(xs: list[float]) -> float:
     return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
 
 
-def markdown_table(rows: Sequence[BenchRow]) -> str:
-    out = [
-        "| workload | method | tokens | baseline tok/s | method tok/s | speed-up | acceptance | mean accepted length | drafted per accepted | identical |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
+def bench_tables(rows: Sequence[BenchRow]) -> list[dict]:
+    """The per-workload table and the per-kind summary (results-file tables)."""
+    from .results import table
+
+    cells = []
     for r in rows:
         if r.identical is None:
             ident = "n/a (sampled)"
@@ -128,20 +128,24 @@ def markdown_table(rows: Sequence[BenchRow]) -> str:
             ident = "yes"
         else:
             ident = f"no: first diff at {r.first_diff}, top-2 margin {r.margin:.3g}"
-        out.append(
-            f"| {r.workload} | {r.method} | {r.tokens} | {r.baseline_tok_s:.1f} | {r.tok_s:.1f} | "
-            f"{r.speedup:.2f}x | {r.acceptance:.0%} | {r.mean_accepted_length:.2f} | "
-            f"{r.drafted_per_accepted:.2f} | {ident} |"
-        )
+        cells.append([r.workload, r.method, r.tokens, f"{r.baseline_tok_s:.1f}", f"{r.tok_s:.1f}",
+                      f"{r.speedup:.2f}x", f"{r.acceptance:.0%}", f"{r.mean_accepted_length:.2f}",
+                      f"{r.drafted_per_accepted:.2f}", ident])
     by_kind: dict[tuple[str, str], list[float]] = {}
     for r in rows:
         by_kind.setdefault((r.kind, r.method), []).append(r.speedup)
-    out.append("")
-    out.append("| workload kind | method | mean speed-up | lowest speed-up |")
-    out.append("|---|---|---:|---:|")
-    for (kind, method), xs in by_kind.items():
-        out.append(f"| {kind} | {method} | {sum(xs) / len(xs):.2f}x | {min(xs):.2f}x |")
-    return "\n".join(out)
+    summary = [[kind, method, f"{sum(xs) / len(xs):.2f}x", f"{min(xs):.2f}x"] for (kind, method), xs in by_kind.items()]
+    return [
+        table(["workload", "method", "tokens", "baseline tok/s", "method tok/s", "speed-up", "acceptance",
+               "mean accepted length", "drafted per accepted", "identical"], cells, "llrrrrrrrl"),
+        table(["workload kind", "method", "mean speed-up", "lowest speed-up"], summary, "llrr"),
+    ]
+
+
+def markdown_table(rows: Sequence[BenchRow]) -> str:
+    from .results import render_table
+
+    return "\n\n".join(render_table(t) for t in bench_tables(rows))
 
 
 def save_chart(rows: Sequence[BenchRow], path: str) -> bool:

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from collections.abc import Sequence
 
 from ..errors import Hf2qError, one_line
@@ -201,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--only", default=None, help="run only workloads whose name contains this text (or one of several, comma-separated)")
     b.add_argument("--markdown", default=None, help="also write the table to this file")
+    b.add_argument("--results", default=None, help="also write a results file (JSON: command, date, machine, "
+                   "commit, tables, rows) for python -m hf2q_py.tools.tables")
     b.add_argument("--chart", default=None, help="write a PNG chart here (needs matplotlib)")
 
     t = sub.add_parser("train-dflash", help="train a DFlash block drafter for a model by self-distillation")
@@ -286,7 +289,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     workloads = [w for w in default_workloads() if not only or any(x in w.name for x in only)]
     if not workloads:
         raise Hf2qError(f"no workload matches --only {args.only!r}")
-    for path, what in ((args.markdown, "--markdown file"), (args.chart, "--chart file")):
+    for path, what in ((args.markdown, "--markdown file"), (args.chart, "--chart file"),
+                       (args.results, "--results file")):
         if path:
             check_writable(path, what)
     parse_dtype(args.dtype)
@@ -305,9 +309,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(table)
     if args.markdown:
         write_text(args.markdown, header + "\n" + table + "\n", "--markdown file")
+    if args.results:
+        write_bench_results(args, target, rows)
     if args.chart and not save_chart(rows, args.chart):
         print("hf2q-py: matplotlib is not installed; no chart written (pip install 'hf2q-py[chart]')", file=sys.stderr)
     return 0
+
+
+def write_bench_results(args: argparse.Namespace, target, rows) -> None:
+    import shlex
+    from dataclasses import asdict
+
+    import hf2q_py
+    from hf2q_py.tools import results
+    from hf2q_py.tools.bench import bench_tables
+
+    settings = dict(model=str(target.source), dtype=args.dtype, max_tokens=args.max_tokens, repeats=args.repeats,
+                    temperature=args.temp, openblas=hf2q_py.openblas_status().state)
+    notes = (f"Model {Path(str(target.source)).name}, dtype {args.dtype}, at most {args.max_tokens} new tokens, "
+             f"median of {args.repeats} alternating run(s), temperature {args.temp}; decode tok/s.")
+    rec = results.record("hf2q-py " + shlex.join(args.argv), bench_tables(rows), notes=notes,
+                         data={"settings": settings, "rows": [asdict(r) for r in rows]})
+    results.write(args.results, rec)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -463,6 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = argv
     if getattr(args, "no_openblas", False) and "mlx.core" not in sys.modules:
         # OpenBLAS is loaded when hf2q_py is imported; restart with mlx.core first.
         os.execv(sys.executable, [sys.executable, "-c", _NO_OPENBLAS_BOOT, *argv])

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 from collections.abc import Callable, Sequence
 
@@ -220,24 +222,27 @@ def load(path: str) -> tuple[list[Stream], CostModel]:
     return [Stream(**s) for s in data["streams"]], cost
 
 
-def markdown(rows: Sequence[ReplayRow]) -> str:
-    out = [
-        "| stream | method | tokens | mean accepted length | drafted per accepted | modelled speed-up |",
-        "|---|---|---:|---:|---:|---:|",
+def replay_tables(rows: Sequence[ReplayRow]) -> list[dict]:
+    """The per-stream table and the per-kind summary (results-file tables)."""
+    from .results import table
+
+    cells = [[r.name, r.method, r.tokens, f"{r.mean_accepted_length:.2f}", f"{r.drafted_per_accepted:.2f}",
+              f"{r.speedup:.2f}x"] for r in rows]
+    groups: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        groups.setdefault((r.kind, r.method), []).append(r.speedup)
+    summary = [[kind, method, f"{sum(xs) / len(xs):.2f}x", f"{min(xs):.2f}x"] for (kind, method), xs in groups.items()]
+    return [
+        table(["stream", "method", "tokens", "mean accepted length", "drafted per accepted", "modelled speed-up"],
+              cells, "llrrrr"),
+        table(["kind", "method", "mean speed-up", "min speed-up"], summary, "llrr"),
     ]
-    for r in rows:
-        out.append(
-            f"| {r.name} | {r.method} | {r.tokens} | {r.mean_accepted_length:.2f} | "
-            f"{r.drafted_per_accepted:.2f} | {r.speedup:.2f}x |"
-        )
-    groups: dict[tuple[str, str], list[ReplayRow]] = {}
-    for r in rows:
-        groups.setdefault((r.kind, r.method), []).append(r)
-    out += ["", "| kind | method | mean speed-up | min speed-up |", "|---|---|---:|---:|"]
-    for (kind, method), rs in groups.items():
-        xs = [r.speedup for r in rs]
-        out.append(f"| {kind} | {method} | {sum(xs) / len(xs):.2f}x | {min(xs):.2f}x |")
-    return "\n".join(out)
+
+
+def markdown(rows: Sequence[ReplayRow]) -> str:
+    from .results import render_table
+
+    return "\n\n".join(render_table(t) for t in replay_tables(rows))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -251,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--only", default=None, help="replay only streams whose name contains this text")
     ap.add_argument("--methods", default="ngram;ngram:ngram_proposer=lookup,k=16",
                     help="';'-separated methods with options, as for hf2q-py bench")
+    ap.add_argument("--results", default=None, help="also write a results file (JSON) here")
     args = ap.parse_args(argv)
     try:
         if args.record:
@@ -276,6 +282,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for m in parse_methods(args.methods):
             rows += replay(streams, m.label, m.options, cost)
         print(markdown(rows))
+        if args.results:
+            from . import results
+
+            command = "python -m hf2q_py.tools.replay " + shlex.join(list(sys.argv[1:] if argv is None else argv))
+            notes = "Modelled speed-ups: " + ", ".join(
+                f"{w}: {cost(w) / cost(1):.2f}" for w in sorted(cost.seconds)) + " (forward cost relative to one token)."
+            results.write(args.results, results.record(command, replay_tables(rows), notes=notes,
+                                                       data=[asdict(r) for r in rows]))
     except Hf2qError as e:
         print(f"hf2q-py replay: error: {e}")
         return 2
