@@ -125,13 +125,6 @@ class AdaptiveK:
         """Conditional acceptance estimate at draft position ``i`` (0-based)."""
         return self.rates(key)[i]
 
-    def expected_tokens(self, k: int, key: Hashable = None) -> float:
-        total, p = 1.0, 1.0
-        for r in self.rates(key)[:k]:
-            p *= r
-            total += p
-        return total
-
     def time(self, n: int) -> float | None:
         """Mean recent seconds of a round that feeds ``n`` tokens (pipelined
         decodes overlap, so single rounds are noisy; sums average them out)."""

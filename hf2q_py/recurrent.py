@@ -33,6 +33,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache
 
 from .errors import UnsupportedModelError
+from .taps import StandIn
 
 #: Recurrence functions of mlx-lm's hybrid models -> their arguments with a
 #: time axis (axis 1). Each returns ``(output, new_state)`` and takes its
@@ -67,21 +68,14 @@ class _Recording:
         self.current: int | None = None
 
 
-class _ConvTap(nn.Module):
+class _ConvTap(StandIn):
     """Stands in for a recurrent layer's ``Conv1d`` during a recorded forward."""
+
+    wrapped = "conv"
 
     def __init__(self, conv: nn.Module, index: int, rec: _Recording):
         super().__init__()
         self.conv, self.index, self.rec = conv, index, rec
-
-    def __getattr__(self, name: str):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            conv = self.get("conv")
-            if conv is None:
-                raise
-            return getattr(conv, name)
 
     def __call__(self, x: mx.array) -> mx.array:
         self.rec.conv[self.index] = x

@@ -66,23 +66,32 @@ class Recorder:
     final: mx.array | None = None
 
 
-class _Tap(nn.Module):
-    """Stands in for one decoder layer: runs it (or skips it, passing the
-    hidden state through) and records its output. Attribute reads such as
-    ``use_sliding`` or ``layer_type`` go to the wrapped layer."""
+class StandIn(nn.Module):
+    """A module standing in for another (its child named by ``wrapped``):
+    attribute reads it does not answer itself go to the wrapped module."""
 
-    def __init__(self, layer: nn.Module, index: int, rec: Recorder | None, skip: bool):
-        super().__init__()
-        self.layer, self.index, self.rec, self.skip = layer, index, rec, skip
+    wrapped = ""
 
     def __getattr__(self, name: str):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            layer = self.get("layer")
-            if layer is None:
+            inner = self.get(type(self).wrapped)
+            if inner is None:
                 raise
-            return getattr(layer, name)
+            return getattr(inner, name)
+
+
+class _Tap(StandIn):
+    """Stands in for one decoder layer: runs it (or skips it, passing the
+    hidden state through) and records its output. Attribute reads such as
+    ``use_sliding`` or ``layer_type`` go to the wrapped layer."""
+
+    wrapped = "layer"
+
+    def __init__(self, layer: nn.Module, index: int, rec: Recorder | None, skip: bool):
+        super().__init__()
+        self.layer, self.index, self.rec, self.skip = layer, index, rec, skip
 
     def __call__(self, x, *args, **kwargs):
         if self.skip:
