@@ -47,6 +47,7 @@ class Option:
     flag: str = ""  # command-line flag; "" means --name-with-dashes
     off_flag: str = ""  # bool: the flag that sets False; "" means --no-name
     words: dict[str, Any] = field(default_factory=dict)  # bare words in a spec that set it: fixed -> False
+    noun: str = ""  # what a required option is, for messages: "a draft model"
 
     @property
     def cli_flag(self) -> str:
@@ -110,12 +111,13 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            f"probability falls below this, in [0, 1] (default {SuffixOptions.min_prob})",
            lambda v: check_float("suffix-min-prob", v, 0.0, 1.0)),
     Option("draft", "text", None, "the draft model: a GGUF file, model folder or cached repo id (Python: also a "
-           "Target)", _check_draft, flag="--draft-model"),
+           "Target)", _check_draft, flag="--draft-model", noun="a draft model"),
     Option("draft_p_min", "float", 0.0, "stop drafting when the draft model's top probability falls below this, "
            "in [0, 1)", lambda v: check_float("draft-p-min", v, 0.0, 1.0, hi_open=True)),
     Option("skip_layers", "layers", None, "layers to skip: auto (default), alternate, early:N, middle:N or layer ids "
            "([3,5,7] in a method spec, 3,5,7 after --skip-layers)", _check_skip),
-    Option("drafter", "text", None, "the DFlash drafter folder (Python: also a Drafter)", _check_drafter),
+    Option("drafter", "text", None, "the DFlash drafter folder (Python: also a Drafter)", _check_drafter,
+           noun="a drafter"),
 )}
 
 
@@ -177,10 +179,8 @@ def validate_spec(spec: SpecConfig) -> None:
             raise Hf2qError(foreign_option(option.name, method))
     for name in method.required:
         if getattr(spec, name) is None:
-            flag = OPTIONS[name].cli_flag
-            raise Hf2qError(
-                f"method {method.name!r} needs {flag} PATH ({name}=PATH in a method spec): {OPTIONS[name].help}"
-            )
+            raise Hf2qError(f"method {method.name!r} needs {OPTIONS[name].noun}: give {OPTIONS[name].cli_flag} PATH "
+                            f"or {name}=PATH in the method spec (Python: {name}=...)")
     if method.check is not None:
         method.check(spec)
 

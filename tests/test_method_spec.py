@@ -236,7 +236,7 @@ def test_ab_and_bench_take_the_same_strings(capsys, specs_seen):
     (["generate", "--prompt", "hi", "--method", "ngram:adaptive=maybe"], ["bad value for adaptive"]),
     (["generate", "--prompt", "hi", "--method", "ngram", "--skip-layers", "auto"],
      ["--skip-layers is an option of layerskip"]),
-    (["generate", "--prompt", "hi", "--method", "draft"], ["needs --draft-model"]),
+    (["generate", "--prompt", "hi", "--method", "draft"], ["needs a draft model", "--draft-model"]),
     (["generate", "--prompt", "hi", "--method", "ngram:k=300"], ["k (draft length)"]),
     (["generate", "--prompt", "hi", "--method", "ngram", "--ngram-proposer", "tree"], ["--ngram-proposer"]),
     (["ab", "--methods", "ngram:bogus=1"], ["unknown method option 'bogus'"]),
