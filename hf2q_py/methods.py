@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
 
-from .draft_length import AdaptiveK, FixedK, NoDrafts, validate_k
+from .draft_length import MAX_K, AdaptiveK, FixedK, NoDrafts, validate_k
 from .errors import Hf2qError
 from .proposers.ngram import DEFAULT_MAX_N, MAX_NGRAM, validate_ngram
 from .proposers.suffix import SuffixOptions
@@ -94,7 +94,7 @@ def _check_skip(value: Any) -> None:
 NGRAM_PROPOSERS = ("suffix", "lookup")
 
 OPTIONS: dict[str, Option] = {o.name: o for o in (
-    Option("k", "int", None, "most drafts per round, in [1, 256] (default: the method's)", _check_k),
+    Option("k", "int", None, f"most drafts per round, in [1, {MAX_K}] (default: the method's)", _check_k),
     Option("adaptive", "bool", True, "choose K in [0, k] each round from measured acceptance and cost (default); "
            "off: always draft up to k", lambda v: check_bool("adaptive", v), flag="--adaptive",
            off_flag="--fixed-k", words={"fixed": False}),
