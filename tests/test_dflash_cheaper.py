@@ -184,3 +184,21 @@ def test_a_warm_start_skips_tensors_whose_shapes_or_biases_differ():
     copied = warm_start_from(drafter, target)
     assert "layers.0.self_attn.o_proj.weight" in copied and "layers.0.mlp.down_proj.weight" in copied
     assert "layers.0.mlp.up_proj.weight" not in copied and "layers.0.self_attn.q_proj.weight" not in copied
+
+
+def test_training_features_cover_sequences_longer_than_a_prefill_chunk(monkeypatch):
+    """The target pass runs in chunks; every position keeps its features,
+    final state and greedy-agreement flag."""
+    from hf2q_py import target as target_module
+    from hf2q_py.tools.dflash_train import target_pass
+
+    target = tiny_target("llama", scale=1.5)
+    prompt = random_prompt(6)
+    tokens = prompt + reference_greedy(target.model, prompt, 20)
+    whole = target_pass(target, tokens, [0, 2])
+    monkeypatch.setattr(target_module, "PREFILL_CHUNK", 7)
+    chunked = target_pass(target, tokens, [0, 2])
+    assert chunked[0].shape == whole[0].shape == (1, 26, 2 * target.hidden_size)
+    assert mx.allclose(chunked[0].astype(mx.float32), whole[0].astype(mx.float32), atol=1e-2).item()
+    assert chunked[1].tolist() == whole[1].tolist() and all(chunked[1].tolist()[6:])  # the answer is greedy
+    assert chunked[2].shape == whole[2].shape

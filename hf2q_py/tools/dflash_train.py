@@ -154,14 +154,23 @@ def target_features(target, tokens: list[int], layer_ids: Sequence[int]) -> mx.a
 
 
 def target_pass(target, tokens: list[int], layer_ids: Sequence[int]) -> tuple[mx.array, mx.array, mx.array]:
-    """(features, agrees, final states) of one sequence, from one target forward."""
+    """(features, agrees, final states) of one sequence, from one target pass
+    (in chunks of ``PREFILL_CHUNK`` positions, every position's logits kept)."""
+    from ..target import PREFILL_CHUNK
+
     rt = target.runtime()
-    fwd = rt.prefill(tokens, logits="all", capture_layers=tuple(layer_ids), capture_final=True)
-    feats = mx.concatenate([fwd.hidden[i] for i in layer_ids], axis=-1).astype(mx.float16)
-    greedy = mx.argmax(fwd.logits, axis=-1)  # the target's choice after each prefix
+    feats, greedy, finals = [], [], []
+    for start in range(0, len(tokens), PREFILL_CHUNK):
+        fwd = rt.forward(tokens[start : start + PREFILL_CHUNK], logits="all", capture_layers=tuple(layer_ids),
+                         capture_final=True)
+        feats.append(mx.concatenate([fwd.hidden[i] for i in layer_ids], axis=-1).astype(mx.float16))
+        greedy.append(mx.argmax(fwd.logits, axis=-1))  # the target's choice after each prefix
+        finals.append(fwd.final.astype(mx.float16))
+        mx.eval(rt.state(), feats[-1], greedy[-1], finals[-1])
+    feats, finals = mx.concatenate(feats, axis=1), mx.concatenate(finals, axis=1)
+    greedy = mx.concatenate(greedy)
     agrees = mx.concatenate([mx.array([False]), greedy[:-1] == mx.array(tokens[1:])])
-    finals = fwd.final.astype(mx.float16)
-    mx.eval(feats, agrees, finals)
+    mx.eval(agrees)
     return feats, agrees, finals
 
 
