@@ -202,3 +202,14 @@ def test_training_features_cover_sequences_longer_than_a_prefill_chunk(monkeypat
     assert mx.allclose(chunked[0].astype(mx.float32), whole[0].astype(mx.float32), atol=1e-2).item()
     assert chunked[1].tolist() == whole[1].tolist() and all(chunked[1].tolist()[6:])  # the answer is greedy
     assert chunked[2].shape == whole[2].shape
+
+
+@pytest.mark.parametrize("bad", [dict(draft_vocab=0), dict(gen_batch=0), dict(warm_start="yes")])
+def test_the_new_training_options_are_checked(bad):
+    with pytest.raises(Hf2qError):
+        TrainConfig(out="x", **bad).validate()
+
+
+def test_a_draft_vocabulary_larger_than_the_target_s_is_refused_before_any_data_is_made():
+    with pytest.raises(Hf2qError, match="draft-vocab"):
+        TrainConfig(out="x", draft_vocab=VOCAB + 1).check_target(tiny_target("llama"))
