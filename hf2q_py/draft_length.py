@@ -3,6 +3,7 @@ from measured acceptance and measured verify cost."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from collections.abc import Hashable
 
@@ -13,6 +14,9 @@ from .validate import check_int
 #: The largest draft length per round (``--k``): a verify forward feeds K + 1
 #: tokens, and no proposer's drafts stay right for longer than this.
 MAX_K = 256
+
+#: The longest wait between probes of a proposer whose drafts keep failing.
+MAX_COOLDOWN = 4096
 
 
 def validate_k(k: int) -> None:
@@ -30,6 +34,10 @@ class NoDrafts:
     def update(self, r: Round) -> None:
         pass
 
+    def _note_excess(self, x: float) -> None:
+        x = max(0.0, x)
+        self.probe_excess = x if self.probe_excess is None else 0.7 * self.probe_excess + 0.3 * x
+
     def observe(self, drafted: int, accepted: int, key: Hashable = None) -> None:
         pass
 
@@ -46,6 +54,10 @@ class FixedK:
 
     def update(self, r: Round) -> None:
         pass
+
+    def _note_excess(self, x: float) -> None:
+        x = max(0.0, x)
+        self.probe_excess = x if self.probe_excess is None else 0.7 * self.probe_excess + 0.3 * x
 
     def observe(self, drafted: int, accepted: int, key: Hashable = None) -> None:
         pass
@@ -89,7 +101,9 @@ class AdaptiveK:
     timed: bool = True
     probe_k: int = 2
     min_cooldown: int = 8
-    max_cooldown: int = 128
+    max_cooldown: int = 128  # the doubling's cap; a costly probe may wait longer (see probe_budget)
+    probe_budget: float = 0.015  # the share of decode time failed probes may cost
+    probe_excess: float | None = None  # decayed mean extra cost of a failed draft attempt, in decodes
     seconds: dict[int, float] = field(default_factory=dict)  # decayed sums per forward width
     counts: dict[int, float] = field(default_factory=dict)
     cooldown: int = 8
@@ -168,6 +182,13 @@ class AdaptiveK:
                 best, best_rate = k, rate
         return best
 
+    def excess(self) -> float:
+        """Extra cost of a failed draft attempt in decodes: measured, else the
+        prior's cost of a probe-sized verify."""
+        if self.timed and self.probe_excess is not None:
+            return self.probe_excess
+        return self.prior_cost(self.probe_k + 1) - 1.0
+
     def next_k(self, key: Hashable = None) -> int:
         if self.time(1) is None:
             return 0  # first measure a plain decode round: the yardstick for every cost
@@ -184,10 +205,20 @@ class AdaptiveK:
         width, key, drafted, accepted = r.forward_tokens, r.key, r.drafted, r.accepted
         self.seconds[width] = 0.9 * self.seconds.get(width, 0.0) + r.cost_seconds
         self.counts[width] = 0.9 * self.counts.get(width, 0.0) + 1.0
+        t1 = self.time(1)
+        if t1:
+            if drafted and not accepted:  # a failed verify round: drafting + the wider forward
+                self._note_excess(r.cost_seconds / t1 - 1.0)
+            elif not drafted and r.propose_seconds > 0.05 * t1:  # drafts made while a decode ran
+                self._note_excess(r.propose_seconds / t1)
         if drafted == 0:
             self.since_probe += 1
             return
         self.observe(drafted, accepted, key)
+
+    def _note_excess(self, x: float) -> None:
+        x = max(0.0, x)
+        self.probe_excess = x if self.probe_excess is None else 0.7 * self.probe_excess + 0.3 * x
 
     def observe(self, drafted: int, accepted: int, key: Hashable = None) -> None:
         """Acceptance alone, without a timed round: e.g. drafts proposed while
@@ -207,6 +238,7 @@ class AdaptiveK:
         if probing:
             self.since_probe = 0
             if self.best_k(key) == 0:
-                self.cooldown = min(self.cooldown * 2, self.max_cooldown)
+                floor = math.ceil(self.excess() / self.probe_budget)
+                self.cooldown = max(min(self.cooldown * 2, self.max_cooldown), min(floor, MAX_COOLDOWN))
             else:
                 self.cooldown = self.min_cooldown

@@ -94,3 +94,49 @@ def test_unmeasured_widths_follow_the_measured_ones():
     assert policy.cost(17) == pytest.approx(1.3 * policy.prior_cost(17) / policy.prior_cost(9))
     assert policy.cost(7) == pytest.approx(max(1.0, 1.3 * policy.prior_cost(7) / policy.prior_cost(9)))
     assert AdaptiveK(32).cost(17) == pytest.approx(AdaptiveK(32).prior_cost(17))  # nothing measured
+
+
+def simulate(policy, draft_cost: float, p_accept: float, tokens: int, seed: int = 0) -> float:
+    """Speed relative to plain decoding of a proposer whose every draft attempt
+    costs ``draft_cost`` decodes and whose drafts each pass with probability
+    ``p_accept`` (independently); verify widths cost as in ``seconds``."""
+    import random
+
+    rng = random.Random(seed)
+    done, elapsed = 0, 0.0
+    while done < tokens:
+        k = policy.next_k()
+        n = 0
+        while n < k and rng.random() < p_accept:
+            n += 1
+        cost = seconds(k + 1) + (draft_cost * DECODE_S if k else 0.0)
+        policy.update(Round(drafted=k, accepted=n, cost_seconds=cost,
+                            propose_seconds=draft_cost * DECODE_S if k else 0.0))
+        done += n + 1
+        elapsed += cost
+    return (done / elapsed) / (1 / DECODE_S)
+
+
+@pytest.mark.parametrize("draft_cost", [0.5, 1.0, 2.0])
+@pytest.mark.parametrize("p_accept", [0.0, 0.1])
+@pytest.mark.parametrize("tokens", [256, 1024])
+def test_a_weak_costly_proposer_stands_down_to_at_least_097x_of_plain_decoding(draft_cost, p_accept, tokens):
+    """DFlash with poor drafts: each attempt costs up to two decodes of drafting
+    and almost never passes. Failed probes then wait long enough that the run
+    keeps at least 0.97x of plain decoding's speed."""
+    assert simulate(AdaptiveK(8), draft_cost, p_accept, tokens) >= 0.97
+
+
+def test_the_cool_down_after_a_failed_probe_grows_with_its_measured_cost():
+    cheap, costly = AdaptiveK(8), AdaptiveK(8)
+    simulate(cheap, 0.0, 0.0, 200)
+    simulate(costly, 2.0, 0.0, 200)
+    assert costly.probe_excess == pytest.approx(2.0 + 0.1 * cheap.probe_k, rel=0.2)
+    assert costly.cooldown >= costly.probe_excess / costly.probe_budget > cheap.cooldown
+
+
+def test_a_good_costly_proposer_still_drafts():
+    """Standing down is for drafts that fail: drafts that pass 90% of the time
+    pay for a drafter costing a decode per round."""
+    policy = AdaptiveK(8)
+    assert simulate(policy, 1.0, 0.9, 512) > 1.5

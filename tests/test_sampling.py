@@ -79,6 +79,7 @@ METHODS = {
     "draft": dict(method="draft", k=2, adaptive=False),
     "layerskip": dict(method="layerskip", skip_layers=[1, 2], k=2, adaptive=False),
     "dflash": dict(method="dflash", k=2, adaptive=False),
+    "dflash-vocab": dict(method="dflash", k=2, adaptive=False),  # drafts from half the vocabulary
 }
 
 
@@ -88,10 +89,13 @@ def test_first_tokens_follow_the_target_distribution(setup, method):
     opts = dict(METHODS[method])
     if method == "draft":
         opts["draft"] = tiny_target("llama", seed=1, scale=2.0)
-    if method == "dflash":
-        from hf2q_py.proposers.dflash_drafter import drafter_for
+    if method.startswith("dflash"):
+        from hf2q_py.proposers.dflash_drafter import DraftVocab, drafter_for
 
         opts["drafter"] = drafter_for(target, layers=1, block_size=4, target_layer_ids=[0, 2], seed=1)
+        if method == "dflash-vocab":  # q is zero outside the subset, where the target still samples
+            opts["drafter"].vocab = DraftVocab(range(0, target.vocab_size, 2), target.vocab_size)
+            assert {t % 2 for seq in dist for t in seq} == {0, 1}
     if method in ("ngram", "suffix"):  # put the likely continuations in the context so drafts happen
         prompt = prompt + [t for seq in sorted(dist, key=dist.get)[-3:] for t in seq] + prompt[-2:]
         dist = exact_distribution(target, prompt, SamplingConfig(**CFG))

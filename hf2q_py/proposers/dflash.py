@@ -49,7 +49,8 @@ class DFlashProposer(Proposer):
     def __init__(self, target: Target, drafter: Drafter):
         self.drafter = drafter
         self.cfg = drafter.config
-        self.head = TargetHead(target, self.cfg.input_embedding_scale)
+        self.head = TargetHead(target, self.cfg.input_embedding_scale, drafter.vocab)
+        self.vocab = drafter.vocab
         self.capture_layers = self.cfg.target_layer_ids
         self.cache = drafter.make_cache()
         self.pending: list[mx.array] = []
@@ -74,7 +75,11 @@ class DFlashProposer(Proposer):
             self.pending = []
         block = mx.array([[tokens[-1]] + [self.cfg.mask_token_id] * (self.cfg.block_size - 1)], dtype=mx.uint32)
         h = self.drafter(self.head.embed(block), feats, cache=self.cache)
-        logits = self.head.logits(h[0, 1 : n + 1])
+        logits = self.head.draft_logits(h[0, 1 : n + 1])
+        if self.vocab is not None:
+            if self.decider.cfg.greedy and not self.decider.needs_context:  # argmax within the subset
+                return Draft(self.vocab.ids[mx.argmax(logits, axis=-1)].tolist())
+            logits = self.vocab.to_full(logits)  # -inf outside the subset: q is zero there
         steps, dists = [], []
         for i in range(n):
             y, q = self.decider.draft_token(logits[i], tokens, i)

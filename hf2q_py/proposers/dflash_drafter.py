@@ -17,6 +17,13 @@ target.
 
 The drafter has no embedding or head of its own; ``TargetHead`` lends them.
 Weight names and config.json follow the published (z-lab) format.
+
+A reduced draft vocabulary (``DraftVocab``, the idea of FR-Spec and EAGLE-3's
+draft-to-target map; ``draft_vocab.json`` in the folder) makes the drafter
+score only a frequency-ranked subset of the target's tokens: its head reads
+those rows of the target's head. Drafts then come from the subset alone
+(under sampling, q is zero outside it); verification still runs the target's
+full head, so the output is unchanged.
 """
 
 from __future__ import annotations
@@ -301,6 +308,8 @@ class Drafter(nn.Module):
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self._rope = initialize_rope(cfg.head_dim, cfg.rope_theta, False, cfg.rope_scaling,
                                      cfg.max_position_embeddings)
+        #: the reduced draft vocabulary, or None for the target's whole vocabulary
+        self.vocab: DraftVocab | None = None
 
     def fuse(self, features: mx.array) -> mx.array:
         """(N, S, n_layers*H) concatenated target states -> (N, S, H) context."""
@@ -350,11 +359,88 @@ class Drafter(nn.Module):
         return DrafterCache(len(self.layers))
 
 
+VOCAB_FILE = "draft_vocab.json"
+
+
+class DraftVocab:
+    """The target token ids a drafter's head scores, most frequent first."""
+
+    def __init__(self, token_ids: Sequence[int], vocab_size: int):
+        ids = [int(i) for i in token_ids]
+        if not ids:
+            raise Hf2qError("a draft vocabulary needs at least one token")
+        if len(set(ids)) != len(ids):
+            raise Hf2qError("a draft vocabulary lists a token twice")
+        bad = [i for i in ids if not 0 <= i < vocab_size]
+        if bad:
+            raise Hf2qError(f"draft vocabulary token {bad[0]} is outside the target's vocabulary ({vocab_size})")
+        self.token_ids, self.vocab_size = ids, vocab_size
+        self.ids = mx.array(ids, dtype=mx.int32)
+        #: subset position of every target token, -1 outside the subset
+        index = mx.full((vocab_size,), -1, dtype=mx.int32)
+        index[self.ids] = mx.arange(len(ids), dtype=mx.int32)
+        self.index = index
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def to_full(self, logits: mx.array) -> mx.array:
+        """(..., len) subset logits -> (..., vocab_size) logits, -inf outside the subset."""
+        full = mx.full((*logits.shape[:-1], self.vocab_size), -mx.inf, dtype=logits.dtype)
+        full[..., self.ids] = logits
+        return full
+
+
+def frequency_vocab(sequences: Sequence[Sequence[int]], size: int, vocab_size: int) -> DraftVocab:
+    """The ``size`` most frequent tokens of ``sequences`` (ties: lower id
+    first), topped up with unseen ids in order when the text has fewer."""
+    check_int("draft vocabulary size", size, 1, vocab_size)
+    counts = mx.zeros((vocab_size,), dtype=mx.int32)
+    for seq in sequences:
+        if len(seq):
+            counts = counts.at[mx.array(list(seq), dtype=mx.int32)].add(1)
+    counts_list = counts.tolist()
+    seen = sorted((i for i in range(vocab_size) if counts_list[i]), key=lambda i: (-counts_list[i], i))
+    ranked = seen[:size]
+    if len(ranked) < size:
+        chosen = set(ranked)
+        ranked += [i for i in range(vocab_size) if i not in chosen][: size - len(ranked)]
+    return DraftVocab(ranked, vocab_size)
+
+
+def _subset_rows(target: Any, ids: mx.array):
+    """A function h -> logits over the rows ``ids`` of the target's LM head
+    (a copy of those rows: dense, or quantized with their scales)."""
+    head = getattr(target.lm, "lm_head", None)
+    module = head if head is not None else target.embed_tokens
+    weight = getattr(module, "weight", None)
+    if weight is None or not isinstance(module, (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding)):
+        raise Hf2qError(f"a draft vocabulary needs a linear LM head; {type(module).__name__} is not one")
+    w = weight[ids]
+    bias = module["bias"][ids] if "bias" in module else None
+    if "scales" in module:
+        scales = module.scales[ids]
+        biases = module["biases"][ids] if module.get("biases") is not None else None
+        mode = getattr(module, "mode", "affine")
+
+        def logits(h: mx.array) -> mx.array:
+            out = mx.quantized_matmul(h, w, scales, biases, transpose=True, group_size=module.group_size,
+                                      bits=module.bits, mode=mode)
+            return out + bias if bias is not None else out
+    else:
+        def logits(h: mx.array) -> mx.array:
+            out = h @ w.T
+            return out + bias if bias is not None else out
+    mx.eval(w)
+    return logits
+
+
 class TargetHead:
     """The target's embedding (with its scale, or the drafter config's
-    ``input_embedding_scale``) and LM head (with its softcap), lent to the drafter."""
+    ``input_embedding_scale``) and LM head (with its softcap), lent to the
+    drafter; with a ``vocab``, ``draft_logits`` scores only its tokens."""
 
-    def __init__(self, target: Any, input_embedding_scale: float | None = None):
+    def __init__(self, target: Any, input_embedding_scale: float | None = None, vocab: DraftVocab | None = None):
         if target._decoder is None or target.embed_tokens is None:
             raise Hf2qError(f"cannot find the embedding of {type(target.model).__name__} to lend to the drafter")
         self.embed_tokens = target.embed_tokens
@@ -363,13 +449,28 @@ class TargetHead:
             self.scale = float(input_embedding_scale)
         self.head = target.lm_head
         self.softcap = target.softcap
+        self.vocab = vocab
+        self._draft_head = self.head
+        if vocab is not None:  # the rows are copied once per target and vocabulary
+            key = ("draft-vocab-rows", id(vocab))
+            kept = target.remembered.get(key)
+            if kept is None or kept[0] is not vocab:  # (holding the vocabulary keeps its id unique)
+                kept = target.remembered[key] = (vocab, _subset_rows(target, vocab.ids))
+            self._draft_head = kept[1]
 
     def embed(self, tokens: mx.array) -> mx.array:
         h = self.embed_tokens(tokens)
         return h * self.scale if self.scale != 1.0 else h
 
     def logits(self, hidden: mx.array) -> mx.array:
-        out = self.head(hidden)
+        """Logits over the target's whole vocabulary."""
+        return self._cap(self.head(hidden))
+
+    def draft_logits(self, hidden: mx.array) -> mx.array:
+        """Logits over the draft vocabulary (in its order), or the whole one."""
+        return self._cap(self._draft_head(hidden))
+
+    def _cap(self, out: mx.array) -> mx.array:
         if self.softcap:
             out = mx.tanh(out / self.softcap) * self.softcap
         return out
@@ -429,11 +530,27 @@ def load_drafter(path: str | Path, dtype: Any = None) -> Drafter:
         drafter.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
         raise ModelLoadError(f"drafter weights in {path} do not match its config: {one_line(e)}") from None
+    if (path / VOCAB_FILE).is_file():
+        drafter.vocab = _read_vocab(path / VOCAB_FILE, drafter.config.vocab_size)
     if dtype is not None:
         drafter.set_dtype(dtype)
     mx.eval(drafter.parameters())
     drafter.eval()
     return drafter
+
+
+def _read_vocab(path: Path, vocab_size: int) -> DraftVocab:
+    try:
+        raw = json.loads(path.read_text())
+    except ValueError as e:
+        raise ModelLoadError(f"draft vocabulary {path} is not valid JSON: {one_line(e)}") from None
+    ids = raw.get("token_ids") if isinstance(raw, dict) else None
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ModelLoadError(f"draft vocabulary {path} must hold {{\"token_ids\": [integers]}}")
+    try:
+        return DraftVocab(ids, vocab_size)
+    except Hf2qError as e:
+        raise ModelLoadError(f"{path}: {e}") from None
 
 
 def save_drafter(drafter: Drafter, path: str | Path, extra: dict[str, Any] | None = None) -> None:
@@ -447,6 +564,10 @@ def save_drafter(drafter: Drafter, path: str | Path, extra: dict[str, Any] | Non
         cfg.update(extra)
     mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(drafter.parameters())))
     (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    if drafter.vocab is not None:
+        (path / VOCAB_FILE).write_text(json.dumps({"token_ids": drafter.vocab.token_ids}) + "\n")
+    elif (path / VOCAB_FILE).exists():
+        (path / VOCAB_FILE).unlink()
 
 
 def default_layer_ids(num_target_layers: int, n: int) -> list[int]:
@@ -460,9 +581,12 @@ def default_layer_ids(num_target_layers: int, n: int) -> list[int]:
 
 def drafter_for(target: Any, *, layers: int = 1, target_layer_ids: Sequence[int] | None = None,
                 block_size: int = 16, mask_token_id: int | None = None, seed: int = 0,
-                layer_types: Sequence[str] | None = None, sliding_window: int | None = None) -> Drafter:
+                layer_types: Sequence[str] | None = None, sliding_window: int | None = None,
+                warm_start: bool = False) -> Drafter:
     """A freshly initialised drafter shaped after ``target`` (Qwen3-style
-    layers with the target's width and head layout)."""
+    layers with the target's width and head layout). ``warm_start``: each
+    drafter layer starts as a copy of one of the target's last layers (see
+    ``warm_start_from``)."""
     cfg_of = target.config
     heads = cfg_of("num_attention_heads")
     ids = list(target_layer_ids) if target_layer_ids is not None else default_layer_ids(target.num_layers, 3)
@@ -490,4 +614,60 @@ def drafter_for(target: Any, *, layers: int = 1, target_layer_ids: Sequence[int]
     if type(norm) is nn.RMSNorm and norm.weight.shape == drafter.norm.weight.shape:
         # start in the target's final-state space, so the borrowed head sees familiar scales
         drafter.norm.weight = mx.array(norm.weight).astype(drafter.norm.weight.dtype)
+    if warm_start:
+        warm_start_from(drafter, target)
     return drafter
+
+
+#: (drafter name, target name) of the tensors a warm start copies in each layer
+WARM_TENSORS = (
+    ("self_attn.q_proj", "self_attn.q_proj"), ("self_attn.k_proj", "self_attn.k_proj"),
+    ("self_attn.v_proj", "self_attn.v_proj"), ("self_attn.o_proj", "self_attn.o_proj"),
+    ("mlp.gate_proj", "mlp.gate_proj"), ("mlp.up_proj", "mlp.up_proj"), ("mlp.down_proj", "mlp.down_proj"),
+    ("input_layernorm", "input_layernorm"), ("post_attention_layernorm", "post_attention_layernorm"),
+)
+
+
+def warm_start_from(drafter: Drafter, target: Any) -> list[str]:
+    """Copy the target's last ``n`` layers into the drafter's ``n`` layers, in
+    order (drafter layer i <- target layer L - n + i), tensor by tensor where
+    the names and shapes agree (quantized tensors dequantized); the drafter's
+    q/k norms, ``fc`` and norms keep their initialisation. Returns the
+    drafter parameter names copied."""
+    from mlx.utils import tree_flatten
+
+    n, L = len(drafter.layers), target.num_layers
+    copied = []
+    for i, layer in enumerate(drafter.layers):
+        source = target.layers[max(0, L - n + i)]
+        source = getattr(source, "layer", source)  # a capture tap wraps the layer
+        for mine, theirs in WARM_TENSORS:
+            dst, src = _submodule(layer, mine), _submodule(source, theirs)
+            if dst is None or src is None or not isinstance(src, type(dst) if type(dst) is nn.RMSNorm else
+                                                                  (nn.Linear, nn.QuantizedLinear)):
+                continue  # e.g. Gemma's RMSNorm stores 1 + w: a different parametrisation
+            w = _dense_weight(src)
+            if w is None or w.shape != dst.weight.shape or "bias" in dst or "bias" in src:
+                continue
+            dst.weight = w.astype(dst.weight.dtype)
+            copied.append(f"layers.{i}.{mine}.weight")
+    mx.eval(dict(tree_flatten(drafter.parameters())))
+    return copied
+
+
+def _submodule(module: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        module = getattr(module, part, None)
+        if module is None:
+            return None
+    return module
+
+
+def _dense_weight(module: Any) -> mx.array | None:
+    w = getattr(module, "weight", None)
+    if w is None:
+        return None
+    if "scales" in module:
+        return mx.dequantize(w, module.scales, module.get("biases"), group_size=module.group_size, bits=module.bits,
+                             mode=getattr(module, "mode", "affine"))
+    return mx.array(w)

@@ -228,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--checkpoint-every", type=_positive_int, default=250)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--max-minutes", type=float, default=None, help="stop training after this long, with a checkpoint")
+    t.add_argument("--draft-vocab", type=_positive_int, default=None, help="draft only among the N most frequent tokens of the training answers (default: the whole vocabulary)")
+    t.add_argument("--warm-start", action="store_true", help="start the drafter layers as copies of the target's last layers")
+    t.add_argument("--gen-batch", type=_positive_int, default=8, help="answers decoded at a time for the training data")
     t.add_argument("--no-openblas", action="store_true", help=argparse.SUPPRESS)
     return parser
 
@@ -251,7 +254,7 @@ def cmd_train_dflash(args: argparse.Namespace) -> int:
         steps=args.steps, anchors=args.anchors, lr=args.lr, holdout=args.holdout, eval_every=args.eval_every,
         ce_positions=None if args.ce_positions == -1 else args.ce_positions, hidden_weight=args.hidden_weight,
         checkpoint_every=args.checkpoint_every, seed=args.seed, max_minutes=args.max_minutes,
-        overwrite=args.overwrite,
+        overwrite=args.overwrite, draft_vocab=args.draft_vocab, warm_start=args.warm_start, gen_batch=args.gen_batch,
     )
     cfg.validate()
     parse_dtype(args.dtype)
@@ -264,7 +267,7 @@ def cmd_train_dflash(args: argparse.Namespace) -> int:
     target = hf2q_py.load(args.target, dtype=args.dtype)
     cfg.check_target(target)  # before the slow data generation
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    rows = self_distill(target, prompts, data, max_new_tokens=args.max_new_tokens, log=log)
+    rows = self_distill(target, prompts, data, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch, log=log)
     train(target, cfg, rows, log=log)
     print(f"drafter written to {args.out} (use: hf2q-py generate --method dflash --drafter {args.out})")
     return 0

@@ -42,8 +42,8 @@ from mlx.utils import tree_flatten, tree_unflatten
 from ..draft_length import MAX_K
 from ..errors import Hf2qError
 from ..validate import check_bool, check_float, check_int
-from ..proposers.dflash_drafter import (Drafter, DrafterConfig, TargetHead, default_layer_ids, drafter_for, load_drafter,
-                    save_drafter)
+from ..proposers.dflash_drafter import (Drafter, DrafterConfig, TargetHead, default_layer_ids, drafter_for,
+                                        frequency_vocab, load_drafter, save_drafter)
 
 STATE_DIR = "train-state"
 RUN_FILE = "run.json"  # what the run's data was made from (see run_record)
@@ -74,6 +74,9 @@ class TrainConfig:
     checkpoint_every: int = 250
     seed: int = 0
     max_minutes: float | None = None  # stop (with a checkpoint) after this much training time
+    draft_vocab: int | None = None  # a reduced draft vocabulary of this many tokens (None: the whole vocabulary)
+    warm_start: bool = False  # drafter layers start as copies of the target's last layers
+    gen_batch: int = 8  # answers decoded at a time for the training data
 
     overwrite: bool = False  # prepare_out: start afresh in a folder holding other files or another run
 
@@ -108,6 +111,10 @@ class TrainConfig:
         check_float("gamma", self.gamma, 0.0, lo_open=True)
         check_int("seed", self.seed)
         check_bool("overwrite", self.overwrite)
+        check_bool("warm-start", self.warm_start)
+        check_int("gen-batch", self.gen_batch, 1, 256)
+        if self.draft_vocab is not None:
+            check_int("draft-vocab", self.draft_vocab, 1)
 
     def check_target(self, target) -> None:
         """The options that depend on the target (layer ids, mask id), checked
@@ -120,6 +127,8 @@ class TrainConfig:
         vocab = target.vocab_size
         if self.mask_token_id is not None and vocab is not None and self.mask_token_id >= vocab:
             raise Hf2qError(f"mask-token-id {self.mask_token_id} is outside the target's vocabulary ({vocab})")
+        if self.draft_vocab is not None and vocab is not None and self.draft_vocab > vocab:
+            raise Hf2qError(f"draft-vocab {self.draft_vocab} is larger than the target's vocabulary ({vocab})")
 
 
 #: Upper bounds of some options (others only need to be >= 1).
@@ -145,14 +154,23 @@ def target_features(target, tokens: list[int], layer_ids: Sequence[int]) -> mx.a
 
 
 def target_pass(target, tokens: list[int], layer_ids: Sequence[int]) -> tuple[mx.array, mx.array, mx.array]:
-    """(features, agrees, final states) of one sequence, from one target forward."""
+    """(features, agrees, final states) of one sequence, from one target pass
+    (in chunks of ``PREFILL_CHUNK`` positions, every position's logits kept)."""
+    from ..target import PREFILL_CHUNK
+
     rt = target.runtime()
-    fwd = rt.prefill(tokens, logits="all", capture_layers=tuple(layer_ids), capture_final=True)
-    feats = mx.concatenate([fwd.hidden[i] for i in layer_ids], axis=-1).astype(mx.float16)
-    greedy = mx.argmax(fwd.logits, axis=-1)  # the target's choice after each prefix
+    feats, greedy, finals = [], [], []
+    for start in range(0, len(tokens), PREFILL_CHUNK):
+        fwd = rt.forward(tokens[start : start + PREFILL_CHUNK], logits="all", capture_layers=tuple(layer_ids),
+                         capture_final=True)
+        feats.append(mx.concatenate([fwd.hidden[i] for i in layer_ids], axis=-1).astype(mx.float16))
+        greedy.append(mx.argmax(fwd.logits, axis=-1))  # the target's choice after each prefix
+        finals.append(fwd.final.astype(mx.float16))
+        mx.eval(rt.state(), feats[-1], greedy[-1], finals[-1])
+    feats, finals = mx.concatenate(feats, axis=1), mx.concatenate(finals, axis=1)
+    greedy = mx.concatenate(greedy)
     agrees = mx.concatenate([mx.array([False]), greedy[:-1] == mx.array(tokens[1:])])
-    finals = fwd.final.astype(mx.float16)
-    mx.eval(feats, agrees, finals)
+    mx.eval(agrees)
     return feats, agrees, finals
 
 
@@ -184,15 +202,22 @@ def block_loss(
     positions (all when None), plus ``hidden_weight`` x the relative squared
     error between the drafter's states and the target's own final states for
     the same predictions (EAGLE's feature regression: it trains every
-    position without paying for the vocabulary-sized head)."""
+    position without paying for the vocabulary-sized head). With a draft
+    vocabulary the cross-entropy is over its tokens, and labels outside it
+    (which the drafter can never propose) do not count in it."""
     block, labels, valid, visible = block_batch(seq, anchors, drafter.config)
     h = drafter(head.embed(block), seq.features.astype(mx.float32), block_pos=anchors, ctx_visible=visible)[:, 1:]
     w = weights[None] * valid
     P = h.shape[1] if ce_positions is None else min(ce_positions, h.shape[1])
     loss = mx.array(0.0)
     if P > 0:
-        ce = nn.losses.cross_entropy(head.logits(h[:, :P]), labels[:, :P])
-        loss = (ce * w[:, :P]).sum() / mx.maximum(w[:, :P].sum(), 1e-6)
+        wp, lp = w[:, :P], labels[:, :P]
+        if head.vocab is not None:
+            lp = head.vocab.index[lp]
+            wp = wp * (lp >= 0)
+            lp = mx.maximum(lp, 0)
+        ce = nn.losses.cross_entropy(head.draft_logits(h[:, :P]), lp)
+        loss = (ce * wp).sum() / mx.maximum(wp.sum(), 1e-6)
     if hidden_weight and seq.finals is not None:
         S = seq.tokens.shape[0]
         idx = mx.minimum(anchors[:, None] + mx.arange(h.shape[1])[None], S - 1)  # state predicting token idx+1
@@ -207,7 +232,10 @@ def accepted_lengths(drafter: Drafter, head: TargetHead, seq: TrainSequence, anc
     (the target's own greedy tokens)."""
     block, labels, valid, visible = block_batch(seq, anchors, drafter.config)
     h = drafter(head.embed(block), seq.features.astype(mx.float32), block_pos=anchors, ctx_visible=visible)
-    hits = (mx.argmax(head.logits(h[:, 1:]), axis=-1) == labels) & valid
+    drafts = mx.argmax(head.draft_logits(h[:, 1:]), axis=-1)
+    if head.vocab is not None:
+        drafts = head.vocab.ids[drafts]
+    hits = (drafts == labels) & valid
     return 1 + mx.cumprod(hits.astype(mx.int32), axis=1).sum(axis=1)
 
 
@@ -328,13 +356,20 @@ def train(target, cfg: TrainConfig, rows: Sequence[dict], *, log: Callable[[str]
                 or (cfg.target_layer_ids is not None and list(dcfg.target_layer_ids) != list(cfg.target_layer_ids))
                 or (cfg.mask_token_id is not None and dcfg.mask_token_id != cfg.mask_token_id)):
             raise Hf2qError(f"{out} holds a run with other shapes; use another --out or the same options")
+        if (len(drafter.vocab) if drafter.vocab is not None else None) != cfg.draft_vocab:
+            raise Hf2qError(f"{out} holds a run with another --draft-vocab; use another --out or the same options")
     else:
         drafter = drafter_for(target, layers=cfg.layers, target_layer_ids=cfg.target_layer_ids,
-                              block_size=cfg.block_size, mask_token_id=cfg.mask_token_id, seed=cfg.seed)
+                              block_size=cfg.block_size, mask_token_id=cfg.mask_token_id, seed=cfg.seed,
+                              warm_start=cfg.warm_start)
         state = {"step": 0, "history": []}
+        if cfg.draft_vocab is not None:  # ranked on the training answers only (the held-out ones excluded)
+            usable = [r["tokens"] for r in rows if len(r["tokens"]) - r["prompt_tokens"] >= 2]
+            drafter.vocab = frequency_vocab(usable[cfg.holdout :], cfg.draft_vocab, drafter.config.vocab_size)
     dcfg = drafter.config
-    head = TargetHead(target, dcfg.input_embedding_scale)
-    log(f"features: {len(rows)} sequences, layers {list(dcfg.target_layer_ids)}")
+    head = TargetHead(target, dcfg.input_embedding_scale, drafter.vocab)
+    vocab_note = f", draft vocabulary {len(drafter.vocab)}" if drafter.vocab is not None else ""
+    log(f"features: {len(rows)} sequences, layers {list(dcfg.target_layer_ids)}{vocab_note}")
     seqs = []
     for r in rows:
         toks = r["tokens"]
