@@ -61,7 +61,12 @@ class AdaptiveK:
     not at all) are modelled as they behave. K drafts then yield
     ``1 + sum_{i<=K} prod_{j<=i} a_j`` tokens per round at a cost ``c(K+1)``:
     the measured wall time of a round that feeds K+1 tokens relative to a
-    plain decode round (a prior until measured). K = 0 means plain
+    plain decode round (a prior until measured), plus the measured cost of
+    restarting the decode pipeline: plain decodes overlap each other (the
+    next one is queued while the current one runs), a verify round does
+    not, and the first decode after it pays for that (``Round.restarted``).
+    On a small CPU model the restart costs about one decode, so a draft that
+    saves less than that does not pay. K = 0 means plain
     decoding; then a short probe round runs after a cool-down that doubles
     while probes keep failing, so a workload where drafts never pay runs at
     plain-decoding speed. The first round is always a plain decode, to
@@ -72,7 +77,8 @@ class AdaptiveK:
     conditional rates, with the pooled rates as a prior of weight
     ``key_weight``, so a new key starts from what is known overall; or, for
     keys in ``key_priors``, from the proposer's own prior rate for that key
-    (e.g. measured acceptance per n-gram match depth).
+    (e.g. measured acceptance per n-gram match depth): one rate for every
+    draft position, or a pair (first position, later positions).
 
     ``timed=False`` replaces measured costs by the prior model, so K depends
     only on acceptance: seeded sampling with a draft model or layer skip
@@ -90,11 +96,11 @@ class AdaptiveK:
     probe_k: int = 2
     min_cooldown: int = 8
     max_cooldown: int = 128
-    seconds: dict[int, float] = field(default_factory=dict)  # decayed sums per forward width
+    seconds: dict[int, float] = field(default_factory=dict)  # decayed sums per forward width (0: restarted decode)
     counts: dict[int, float] = field(default_factory=dict)
     cooldown: int = 8
     since_probe: int = 0
-    key_priors: dict = field(default_factory=dict)  # key -> prior conditional rate
+    key_priors: dict = field(default_factory=dict)  # key -> prior rate, or (first, later)
 
     def __post_init__(self):
         validate_k(self.k_max)
@@ -114,7 +120,8 @@ class AdaptiveK:
             return pooled
         prior = self.key_priors.get(key)
         if prior is not None:
-            pooled = [prior] * self.k_max
+            first, rest = prior if isinstance(prior, tuple) else (prior, prior)
+            pooled = [first] + [rest] * (self.k_max - 1)
         if key not in self.keyed:
             return pooled
         tried, hits = self.keyed[key]
@@ -141,20 +148,30 @@ class AdaptiveK:
     def prior_cost(self, n: int) -> float:
         return 1.0 + self.prior_slope * (n - 1)
 
+    def restart_cost(self) -> float:
+        """What restarting the decode pipeline after a verify round costs,
+        relative to a pipelined decode: a restarted decode's measured time
+        minus a pipelined one's (0 until both are measured, or untimed)."""
+        t0, t1 = self.time(0), self.time(1)
+        return max(0.0, t0 / t1 - 1.0) if self.timed and t0 and t1 else 0.0
+
     def costs(self) -> list[float]:
-        """``cost(n)`` for n = 0 .. k_max + 1 (index n)."""
+        """``cost(n)`` for n = 0 .. k_max + 1 (index n); a verify (n >= 2)
+        includes the pipeline restart it causes."""
         t1 = self.time(1)
         measured = sorted(w for w, c in self.counts.items() if c and w > 1) if self.timed and t1 else []
+        restart = self.restart_cost()
         out = [1.0, 1.0]
         for n in range(2, self.k_max + 2):
             tn = self.time(n) if measured else None
             if tn:
-                out.append(max(1.0, tn / t1))  # timings are noisy; more tokens never cost less
+                c = max(1.0, tn / t1)  # timings are noisy; more tokens never cost less
             elif measured:  # the prior's shape through the nearest measured width
                 m = min(measured, key=lambda w: abs(w - n))
-                out.append(max(1.0, self.time(m) / t1 * self.prior_cost(n) / self.prior_cost(m)))
+                c = max(1.0, self.time(m) / t1 * self.prior_cost(n) / self.prior_cost(m))
             else:
-                out.append(self.prior_cost(n))
+                c = self.prior_cost(n)
+            out.append(c + restart)
         return out
 
     def cost(self, n: int) -> float:
@@ -186,11 +203,16 @@ class AdaptiveK:
         return 0
 
     def update(self, r: Round) -> None:
-        """Learn from a finished round: its cost per forward width and, when it
-        drafted, the acceptance per draft position (pooled and for ``r.key``)."""
+        """Learn from a finished round: its cost per forward width (a restarted
+        plain decode as width 0; a pipeline's last decode, partly overlapped
+        with the one before, is not timed) and, when it drafted, the
+        acceptance per draft position (pooled and for ``r.key``)."""
         width, key, drafted, accepted = r.forward_tokens, r.key, r.drafted, r.accepted
-        self.seconds[width] = 0.9 * self.seconds.get(width, 0.0) + r.cost_seconds
-        self.counts[width] = 0.9 * self.counts.get(width, 0.0) + 1.0
+        if drafted == 0 and r.restarted:
+            width = 0
+        if not (drafted == 0 and r.chain_end):  # a chain's last decode overlapped its own start
+            self.seconds[width] = 0.9 * self.seconds.get(width, 0.0) + r.cost_seconds
+            self.counts[width] = 0.9 * self.counts.get(width, 0.0) + 1.0
         if drafted == 0:
             self.since_probe += 1
             return

@@ -83,6 +83,45 @@ def test_a_key_prior_sets_where_a_new_key_starts():
     assert policy.next_k("deep") <= first // 2
 
 
+def test_a_measured_pipeline_restart_stands_weak_drafts_down():
+    """Plain decodes are pipelined; the first decode after a verify round is
+    not, and what it costs extra is charged to drafting: a draft that saves
+    less than the restart costs is not made, a strong one still is."""
+    policy = AdaptiveK(16, key_priors={"weak": 0.45, "strong": 0.95})
+    policy.update(Round(cost_seconds=DECODE_S))  # a pipelined decode
+    assert policy.next_k("weak") > 0 and policy.restart_cost() == 0.0
+    policy.update(Round(cost_seconds=2 * DECODE_S, restarted=True))  # a restarted one: 1 decode extra
+    assert policy.restart_cost() == pytest.approx(1.0)
+    assert policy.cost(2) == pytest.approx(policy.prior_cost(2) + 1.0)
+    assert policy.next_k("weak") == 0
+    assert policy.next_k("strong") >= 8
+
+
+def test_a_pipelines_last_decode_is_not_timed():
+    """A decode that queued no successor overlapped with the one before it,
+    so its short wall time says nothing about what a decode costs."""
+    policy = AdaptiveK(8)
+    policy.update(Round(cost_seconds=DECODE_S))
+    policy.update(Round(cost_seconds=DECODE_S / 10, chain_end=True))
+    assert policy.time(1) == pytest.approx(DECODE_S)
+
+
+def test_untimed_policies_ignore_the_restart():
+    policy = AdaptiveK(8, timed=False)
+    policy.update(Round(cost_seconds=DECODE_S))
+    policy.update(Round(cost_seconds=5 * DECODE_S, restarted=True))
+    assert policy.restart_cost() == 0.0
+
+
+def test_a_key_prior_can_set_the_first_position_apart():
+    """A prior (first, later) models drafts whose first token is the risky
+    one: a weak first token stands a key down even when later ones are sure."""
+    policy = AdaptiveK(16, key_priors={"weak start": (0.2, 0.95), "strong start": (0.9, 0.95)})
+    policy.update(Round(cost_seconds=seconds(1)))
+    assert policy.rates("weak start")[:3] == [0.2, 0.95, 0.95]
+    assert policy.next_k("weak start") < policy.next_k("strong start")
+
+
 def test_unmeasured_widths_follow_the_measured_ones():
     """Once some widths are timed, an untimed width costs the prior's shape
     through the nearest timed width: cheap measured verifies make longer
