@@ -136,19 +136,11 @@ class SuffixAutomaton:
             state = t
         return out, expected, state
 
-    def agreement(self, state: int) -> int:
-        """How the earlier occurrences of ``state``'s strings continued:
-        ``ONCE`` (one occurrence), ``AGREE`` (several, all with the same next
-        token) or ``SPLIT`` (different next tokens, or none recorded)."""
-        children = self.nxt[state]
-        if len(children) != 1:
-            return SPLIT
-        (child,) = children.values()
-        return ONCE if self.count[child] <= 1 else AGREE
-
-
-#: Agreement classes of a match (see ``SuffixAutomaton.agreement``).
-ONCE, AGREE, SPLIT = 0, 1, 2
+    def split(self, state: int) -> bool:
+        """Whether the earlier occurrences of ``state``'s strings continued
+        with different tokens (or with none recorded): then the most frequent
+        continuation is often wrong, whatever the match length."""
+        return len(self.nxt[state]) != 1
 
 
 def depth_class(depth: int) -> int:
@@ -183,24 +175,20 @@ class SuffixProposer(Proposer):
     """Drafts from a suffix automaton over the context and, when given, the
     Target's ``DraftMemory`` of earlier generations; of the two, the source
     whose match is longer drafts (the context on ties). ``draft_key`` is the
-    match depth's class, so adaptive K learns how far each depth's drafts run.
+    match depth's class and whether the match's earlier continuations split,
+    so adaptive K learns how far each kind of match's drafts run.
     Generated tokens are added to the memory when generation ends."""
 
     name = "suffix"
-    #: Prior acceptance rates (first draft token, later ones) per draft key:
-    #: (match-depth class, agreement of the earlier continuations). Measured
-    #: by offline replay of the built-in model's greedy answers to the bench
-    #: workloads: whether the earlier occurrences agreed decides the first
-    #: token; the depth decides how far a right start runs. Adaptive K starts
-    #: from these, not a flat guess.
+    #: Prior acceptance rates per draft key (match-depth class, split):
+    #: unsplit matches one rate per draft token; split ones (first token,
+    #: later ones), as a split match's first token is often wrong (about 0.3
+    #: at every depth) but a right start runs on as far as an unsplit one.
+    #: Measured by offline replay of the built-in model's greedy answers to
+    #: the bench workloads; adaptive K starts from these, not a flat guess.
     key_priors = {
-        (1, ONCE): (0.36, 0.5), (1, AGREE): (0.56, 0.53), (1, SPLIT): (0.26, 0.54),
-        (2, ONCE): (0.46, 0.68), (2, AGREE): (0.8, 0.65), (2, SPLIT): (0.27, 0.75),
-        (3, ONCE): (0.65, 0.8), (3, AGREE): (0.83, 0.8), (3, SPLIT): (0.35, 0.85),
-        (4, ONCE): (0.78, 0.88), (4, AGREE): (0.92, 0.88), (4, SPLIT): (0.39, 0.87),
-        (8, ONCE): (0.91, 0.94), (8, AGREE): (0.94, 0.92), (8, SPLIT): (0.3, 0.85),
-        (16, ONCE): (0.95, 0.96), (16, AGREE): (0.96, 0.94), (16, SPLIT): (0.3, 0.9),
-        (32, ONCE): (0.98, 0.99), (32, AGREE): (0.98, 0.99), (32, SPLIT): (0.5, 0.95),
+        **{(d, False): p for d, p in {1: 0.45, 2: 0.6, 3: 0.75, 4: 0.85, 8: 0.93, 16: 0.96, 32: 0.98}.items()},
+        **{(d, True): (0.3, p) for d, p in {1: 0.5, 2: 0.7, 3: 0.8, 4: 0.85, 8: 0.85, 16: 0.9, 32: 0.95}.items()},
     }
 
     def __init__(self, options: SuffixOptions | None = None, memory: DraftMemory | None = None):
@@ -260,7 +248,7 @@ class SuffixProposer(Proposer):
         if depth < self.options.min_match:
             return 0
         sam = self.sam if source == 0 else self.memory.sam
-        return depth_class(depth), sam.agreement(state)
+        return depth_class(depth), sam.split(state)
 
     def propose(self, tokens: Sequence[int], k: int) -> Draft:
         source, state, depth = self._sync(tokens)

@@ -108,7 +108,7 @@ def replay_stream(stream: Stream, proposer, policy, cost: CostModel) -> tuple[in
     proposer.start(None, tokens, {}, None)
     i = rounds = verify_rounds = drafted = accepted = 0
     seconds = 0.0
-    verified = False  # the round before was a verify: the next plain decode restarts the pipeline
+    verified = True  # the round before was a verify (or none): the next plain decode restarts the pipeline
     while i < len(out):
         rounds += 1
         active = proposer.active
@@ -156,7 +156,8 @@ def replay(
             raise Hf2qError(f"replay runs model-free methods only (ngram), not {spec.method!r}")
         proposer, policy = build_proposer(_MemoryHolder(memory), spec)
         r, v, d, a, sec = replay_stream(s, proposer, policy, cost)
-        rows.append(ReplayRow(s.name, s.kind, label, len(s.output), r, v, d, a, sec, cost(1) * len(s.output)))
+        base = cost(1) * len(s.output) + cost.restart  # plain decoding restarts once, at its first token
+        rows.append(ReplayRow(s.name, s.kind, label, len(s.output), r, v, d, a, sec, base))
     return rows
 
 
