@@ -64,13 +64,15 @@ class AdaptiveK:
     plain decode round (a prior until measured), plus the measured cost of
     restarting the decode pipeline: plain decodes overlap each other (the
     next one is queued while the current one runs), a verify round does
-    not, and the first decode after it pays for that (``Round.restarted``).
-    On a small CPU model the restart costs about one decode, so a draft that
-    saves less than that does not pay. K = 0 means plain
+    not. The decodes around a break of the pipeline (the chain's last one,
+    the restarted one, the first chained one after it) are timed together
+    against as many pipelined decodes; what they cost extra is charged to
+    every verify round. On a small CPU model a break costs about one
+    decode, so a draft that saves less than that does not pay. K = 0 means plain
     decoding; then a short probe round runs after a cool-down that doubles
     while probes keep failing, so a workload where drafts never pay runs at
-    plain-decoding speed. The first round is always a plain decode, to
-    measure the yardstick.
+    plain-decoding speed. Until a pipelined decode is timed (the yardstick
+    of every cost), costs are the prior's, so the first round may draft.
 
     Proposers that know something about their drafts before drafting (the
     n-gram match depth) pass it as ``key``: each key keeps its own
@@ -96,17 +98,21 @@ class AdaptiveK:
     probe_k: int = 2
     min_cooldown: int = 8
     max_cooldown: int = 128
-    seconds: dict[int, float] = field(default_factory=dict)  # decayed sums per forward width (0: restarted decode)
+    seconds: dict[int, float] = field(default_factory=dict)  # decayed sums per forward width
     counts: dict[int, float] = field(default_factory=dict)
     cooldown: int = 8
     since_probe: int = 0
     key_priors: dict = field(default_factory=dict)  # key -> prior rate, or (first, later)
+    break_seconds: float = 0.0  # decayed sum of what pipeline breaks cost extra
+    breaks: float = 0.0
 
     def __post_init__(self):
         validate_k(self.k_max)
         self.tried = [0.0] * self.k_max
         self.hits = [0.0] * self.k_max
         self.keyed: dict[Hashable, tuple[list[float], list[float]]] = {}  # key -> (tried, hits)
+        self._break: list = [0.0, 0]  # seconds and decodes of the pipeline break in progress
+        self._after_restart = False
 
     def rates(self, key: Hashable = None) -> list[float]:
         """Conditional acceptance estimate at every draft position; a position
@@ -149,11 +155,12 @@ class AdaptiveK:
         return 1.0 + self.prior_slope * (n - 1)
 
     def restart_cost(self) -> float:
-        """What restarting the decode pipeline after a verify round costs,
-        relative to a pipelined decode: a restarted decode's measured time
-        minus a pipelined one's (0 until both are measured, or untimed)."""
-        t0, t1 = self.time(0), self.time(1)
-        return max(0.0, t0 / t1 - 1.0) if self.timed and t0 and t1 else 0.0
+        """What a break of the decode pipeline costs, relative to a pipelined
+        decode (0 until measured, or untimed)."""
+        t1 = self.time(1)
+        if not (self.timed and t1 and self.breaks):
+            return 0.0
+        return max(0.0, self.break_seconds / self.breaks / t1)
 
     def costs(self) -> list[float]:
         """``cost(n)`` for n = 0 .. k_max + 1 (index n); a verify (n >= 2)
@@ -193,9 +200,7 @@ class AdaptiveK:
         return best
 
     def next_k(self, key: Hashable = None) -> int:
-        if self.time(1) is None:
-            return 0  # first measure a plain decode round: the yardstick for every cost
-        k = self.best_k(key)
+        k = self.best_k(key)  # until a pipelined decode is timed, from the prior costs
         if k > 0:
             return k
         if self.since_probe >= self.cooldown:
@@ -203,16 +208,24 @@ class AdaptiveK:
         return 0
 
     def update(self, r: Round) -> None:
-        """Learn from a finished round: its cost per forward width (a restarted
-        plain decode as width 0; a pipeline's last decode, partly overlapped
-        with the one before, is not timed) and, when it drafted, the
-        acceptance per draft position (pooled and for ``r.key``)."""
+        """Learn from a finished round: its cost per forward width, or as part
+        of a break of the decode pipeline (a chain's last decode, a restarted
+        one, the first chained one after it: timed together), and, when it
+        drafted, the acceptance per draft position (pooled and for ``r.key``)."""
         width, key, drafted, accepted = r.forward_tokens, r.key, r.drafted, r.accepted
-        if drafted == 0 and r.restarted:
-            width = 0
-        if not (drafted == 0 and r.chain_end):  # a chain's last decode overlapped its own start
-            self.seconds[width] = 0.9 * self.seconds.get(width, 0.0) + r.cost_seconds
-            self.counts[width] = 0.9 * self.counts.get(width, 0.0) + 1.0
+        if drafted == 0 and (r.chain_end or r.restarted or self._after_restart):
+            self._break[0] += r.cost_seconds
+            self._break[1] += 1
+            self._after_restart = r.restarted
+            self.since_probe += 1
+            return
+        t1 = self.time(1)
+        if self._break[1] and t1:  # the break is over: what it cost beyond pipelined decodes
+            self.break_seconds = 0.9 * self.break_seconds + self._break[0] - self._break[1] * t1
+            self.breaks = 0.9 * self.breaks + 1.0
+        self._break, self._after_restart = [0.0, 0], False
+        self.seconds[width] = 0.9 * self.seconds.get(width, 0.0) + r.cost_seconds
+        self.counts[width] = 0.9 * self.counts.get(width, 0.0) + 1.0
         if drafted == 0:
             self.since_probe += 1
             return

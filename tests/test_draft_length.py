@@ -38,12 +38,17 @@ def test_k_below_one_is_refused(bad):
         AdaptiveK(bad)
 
 
-def test_the_first_round_is_a_plain_decode_to_measure_the_yardstick():
-    assert AdaptiveK(8).next_k() == 0
+def test_before_anything_is_timed_k_follows_the_prior_costs():
+    """The first round may draft (a retried answer copies from its first
+    token); how much follows from the prior rates and the prior costs."""
+    assert AdaptiveK(8).next_k() == AdaptiveK(8).best_k() > 0
+    assert AdaptiveK(8, key_priors={"unlikely": 0.05}).next_k("unlikely") == 0
 
 
 def test_drafts_that_are_always_right_grow_to_k_max():
-    ks = play(AdaptiveK(8), lambda k: k, 30)
+    policy = AdaptiveK(8)
+    policy.update(Round(cost_seconds=seconds(1)))  # a timed pipelined decode
+    ks = play(policy, lambda k: k, 30)
     assert ks[-1] == 8
 
 
@@ -84,32 +89,42 @@ def test_a_key_prior_sets_where_a_new_key_starts():
 
 
 def test_a_measured_pipeline_restart_stands_weak_drafts_down():
-    """Plain decodes are pipelined; the first decode after a verify round is
-    not, and what it costs extra is charged to drafting: a draft that saves
-    less than the restart costs is not made, a strong one still is."""
+    """Plain decodes are pipelined; a verify round breaks the pipeline, and
+    what the decodes around the break cost beyond as many pipelined decodes
+    is charged to drafting: a draft that saves less is not made, a strong
+    one still is."""
     policy = AdaptiveK(16, key_priors={"weak": 0.45, "strong": 0.95})
     policy.update(Round(cost_seconds=DECODE_S))  # a pipelined decode
     assert policy.next_k("weak") > 0 and policy.restart_cost() == 0.0
-    policy.update(Round(cost_seconds=2 * DECODE_S, restarted=True))  # a restarted one: 1 decode extra
+    policy.update(Round(drafted=1, accepted=0, key="other", cost_seconds=seconds(2)))
+    policy.update(Round(cost_seconds=2.5 * DECODE_S, restarted=True))  # the restart ran two forwards
+    policy.update(Round(cost_seconds=0.5 * DECODE_S))  # so the next decode had little left to do
+    policy.update(Round(cost_seconds=DECODE_S))  # pipelined again: the break cost 1 decode extra
     assert policy.restart_cost() == pytest.approx(1.0)
-    assert policy.cost(2) == pytest.approx(policy.prior_cost(2) + 1.0)
+    assert policy.time(1) == pytest.approx(DECODE_S)  # the decodes of the break are not the yardstick
+    assert policy.cost(2) == pytest.approx(1.1 + 1.0)  # measured: 1.1 decodes, plus the break
     assert policy.next_k("weak") == 0
     assert policy.next_k("strong") >= 8
 
 
-def test_a_pipelines_last_decode_is_not_timed():
-    """A decode that queued no successor overlapped with the one before it,
-    so its short wall time says nothing about what a decode costs."""
+def test_a_break_by_early_drafts_is_timed_from_the_chains_last_decode():
+    """Drafts proposed while a decode runs end the chain: the chain's last
+    decode, the restarted one and the next are timed together."""
     policy = AdaptiveK(8)
     policy.update(Round(cost_seconds=DECODE_S))
-    policy.update(Round(cost_seconds=DECODE_S / 10, chain_end=True))
-    assert policy.time(1) == pytest.approx(DECODE_S)
+    policy.update(Round(cost_seconds=0.2 * DECODE_S, chain_end=True))
+    policy.update(Round(cost_seconds=2.3 * DECODE_S, restarted=True))
+    policy.update(Round(cost_seconds=DECODE_S))
+    policy.update(Round(cost_seconds=DECODE_S))
+    assert policy.restart_cost() == pytest.approx(0.5)
 
 
 def test_untimed_policies_ignore_the_restart():
     policy = AdaptiveK(8, timed=False)
     policy.update(Round(cost_seconds=DECODE_S))
     policy.update(Round(cost_seconds=5 * DECODE_S, restarted=True))
+    policy.update(Round(cost_seconds=DECODE_S))
+    policy.update(Round(cost_seconds=DECODE_S))
     assert policy.restart_cost() == 0.0
 
 
