@@ -17,8 +17,8 @@ what a second branch would add to the suffix proposer's accepted tokens.
    branch of up to B tokens at the draft's first uncertain position (the
    second most frequent continuation there, continued greedily). A round
    accepts along whichever branch matches longer. Modelled time: the streams'
-   measured forward costs, times the measured tree/chain cost ratio for the
-   extra nodes.
+   measured forward costs (and pipeline restart, as the replay tool models
+   it), times the measured tree/chain cost ratio for the extra nodes.
 """
 
 from __future__ import annotations
@@ -26,17 +26,21 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
-import hf2q_py  # noqa: F401  (first: OpenBLAS before mlx.core)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hf2q_py
 
-import mlx.core as mx
+import hf2q_py  # noqa: E402  (first: OpenBLAS before mlx.core)
 
-from hf2q_py.config import SpecConfig
-from hf2q_py.memory import DraftMemory
-from hf2q_py.methods import build_proposer
-from hf2q_py.stats import Round
-from hf2q_py.tools.replay import CostModel, Stream, _MemoryHolder, load
+import mlx.core as mx  # noqa: E402
+
+from hf2q_py.config import SpecConfig  # noqa: E402
+from hf2q_py.memory import DraftMemory  # noqa: E402
+from hf2q_py.methods import build_proposer  # noqa: E402
+from hf2q_py.stats import Round  # noqa: E402
+from hf2q_py.tools.replay import CostModel, Stream, _MemoryHolder, load  # noqa: E402
 
 WIDTHS = (2, 4, 8, 12, 16, 24, 32)
 
@@ -213,13 +217,15 @@ def replay_tree(stream: Stream, memory: DraftMemory, cost: CostModel, branch: in
     tokens, out = list(stream.prompt), stream.output
     proposer.start(None, tokens, {}, None)
     i, seconds, gained = 0, 0.0, 0
+    verified = True  # as in the replay tool: a plain decode after a verify (or first) restarts the pipeline
     while i < len(out):
         key = proposer.draft_key(tokens)
         k = min(policy.next_k(key), len(out) - i - 1)
         drafts = proposer.propose(tokens, k).tokens[:k] if k > 0 else []
         if not drafts:
-            t = cost(1)
-            policy.update(Round(cost_seconds=t))
+            t = cost(1) + (cost.restart if verified else 0.0)
+            policy.update(Round(cost_seconds=t, restarted=verified))
+            verified = False
             tokens.append(out[i])
             i += 1
             proposer.update(tokens, 0, 0, {})
@@ -246,12 +252,13 @@ def replay_tree(stream: Stream, memory: DraftMemory, cost: CostModel, branch: in
                     gained += m
         accepted = min(accepted, len(out) - i - 1)
         policy.update(Round(drafted=len(drafts), accepted=n, key=key, cost_seconds=cost(len(drafts) + 1)))
+        verified = True
         tokens.extend(out[i : i + accepted + 1])
         i += accepted + 1
         proposer.update(tokens, len(drafts), accepted, {})
         seconds += t
     proposer.finish(tokens)
-    return {"seconds": seconds, "baseline": cost(1) * len(out), "gained": gained, "tokens": len(out)}
+    return {"seconds": seconds, "baseline": cost(1) * len(out) + cost.restart, "gained": gained, "tokens": len(out)}
 
 
 def main() -> None:
