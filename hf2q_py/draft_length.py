@@ -73,18 +73,26 @@ class AdaptiveK:
     not at all) are modelled as they behave. K drafts then yield
     ``1 + sum_{i<=K} prod_{j<=i} a_j`` tokens per round at a cost ``c(K+1)``:
     the measured wall time of a round that feeds K+1 tokens relative to a
-    plain decode round (a prior until measured). K = 0 means plain
+    plain decode round (a prior until measured), plus the measured cost of
+    restarting the decode pipeline: plain decodes overlap each other (the
+    next one is queued while the current one runs), a verify round does
+    not. The decodes around a break of the pipeline (the chain's last one,
+    the restarted one, the first chained one after it) are timed together
+    against as many pipelined decodes; what they cost extra is charged to
+    every verify round. On a small CPU model a break costs about one
+    decode, so a draft that saves less than that does not pay. K = 0 means plain
     decoding; then a short probe round runs after a cool-down that doubles
     while probes keep failing, so a workload where drafts never pay runs at
-    plain-decoding speed. The first round is always a plain decode, to
-    measure the yardstick.
+    plain-decoding speed. Until a pipelined decode is timed (the yardstick
+    of every cost), costs are the prior's, so the first round may draft.
 
     Proposers that know something about their drafts before drafting (the
     n-gram match depth) pass it as ``key``: each key keeps its own
     conditional rates, with the pooled rates as a prior of weight
     ``key_weight``, so a new key starts from what is known overall; or, for
     keys in ``key_priors``, from the proposer's own prior rate for that key
-    (e.g. measured acceptance per n-gram match depth).
+    (e.g. measured acceptance per n-gram match depth): one rate for every
+    draft position, or a pair (first position, later positions).
 
     ``timed=False`` replaces measured costs by the prior model, so K depends
     only on acceptance: seeded sampling with a draft model or layer skip
@@ -108,13 +116,17 @@ class AdaptiveK:
     counts: dict[int, float] = field(default_factory=dict)
     cooldown: int = 8
     since_probe: int = 0
-    key_priors: dict = field(default_factory=dict)  # key -> prior conditional rate
+    key_priors: dict = field(default_factory=dict)  # key -> prior rate, or (first, later)
+    break_seconds: float = 0.0  # decayed sum of what pipeline breaks cost extra
+    breaks: float = 0.0
 
     def __post_init__(self):
         validate_k(self.k_max)
         self.tried = [0.0] * self.k_max
         self.hits = [0.0] * self.k_max
         self.keyed: dict[Hashable, tuple[list[float], list[float]]] = {}  # key -> (tried, hits)
+        self._break: list = [0.0, 0]  # seconds and decodes of the pipeline break in progress
+        self._after_restart = False
 
     def rates(self, key: Hashable = None) -> list[float]:
         """Conditional acceptance estimate at every draft position; a position
@@ -128,7 +140,8 @@ class AdaptiveK:
             return pooled
         prior = self.key_priors.get(key)
         if prior is not None:
-            pooled = [prior] * self.k_max
+            first, rest = prior if isinstance(prior, tuple) else (prior, prior)
+            pooled = [first] + [rest] * (self.k_max - 1)
         if key not in self.keyed:
             return pooled
         tried, hits = self.keyed[key]
@@ -148,20 +161,31 @@ class AdaptiveK:
     def prior_cost(self, n: int) -> float:
         return 1.0 + self.prior_slope * (n - 1)
 
+    def restart_cost(self) -> float:
+        """What a break of the decode pipeline costs, relative to a pipelined
+        decode (0 until measured, or untimed)."""
+        t1 = self.time(1)
+        if not (self.timed and t1 and self.breaks):
+            return 0.0
+        return max(0.0, self.break_seconds / self.breaks / t1)
+
     def costs(self) -> list[float]:
-        """``cost(n)`` for n = 0 .. k_max + 1 (index n)."""
+        """``cost(n)`` for n = 0 .. k_max + 1 (index n); a verify (n >= 2)
+        includes the pipeline restart it causes."""
         t1 = self.time(1)
         measured = sorted(w for w, c in self.counts.items() if c and w > 1) if self.timed and t1 else []
+        restart = self.restart_cost()
         out = [1.0, 1.0]
         for n in range(2, self.k_max + 2):
             tn = self.time(n) if measured else None
             if tn:
-                out.append(max(1.0, tn / t1))  # timings are noisy; more tokens never cost less
+                c = max(1.0, tn / t1)  # timings are noisy; more tokens never cost less
             elif measured:  # the prior's shape through the nearest measured width
                 m = min(measured, key=lambda w: abs(w - n))
-                out.append(max(1.0, self.time(m) / t1 * self.prior_cost(n) / self.prior_cost(m)))
+                c = max(1.0, self.time(m) / t1 * self.prior_cost(n) / self.prior_cost(m))
             else:
-                out.append(self.prior_cost(n))
+                c = self.prior_cost(n)
+            out.append(c + restart)
         return out
 
     def cost(self, n: int) -> float:
@@ -190,9 +214,7 @@ class AdaptiveK:
         return self.prior_cost(self.probe_k + 1) - 1.0
 
     def next_k(self, key: Hashable = None) -> int:
-        if self.time(1) is None:
-            return 0  # first measure a plain decode round: the yardstick for every cost
-        k = self.best_k(key)
+        k = self.best_k(key)  # until a pipelined decode is timed, from the prior costs
         if k > 0:
             return k
         if self.since_probe >= self.cooldown:
@@ -200,9 +222,22 @@ class AdaptiveK:
         return 0
 
     def update(self, r: Round) -> None:
-        """Learn from a finished round: its cost per forward width and, when it
+        """Learn from a finished round: its cost per forward width, or as part
+        of a break of the decode pipeline (a chain's last decode, a restarted
+        one, the first chained one after it: timed together), and, when it
         drafted, the acceptance per draft position (pooled and for ``r.key``)."""
         width, key, drafted, accepted = r.forward_tokens, r.key, r.drafted, r.accepted
+        if drafted == 0 and (r.chain_end or r.restarted or self._after_restart):
+            self._break[0] += r.cost_seconds
+            self._break[1] += 1
+            self._after_restart = r.restarted
+            self.since_probe += 1
+            return
+        t1 = self.time(1)
+        if self._break[1] and t1:  # the break is over: what it cost beyond pipelined decodes
+            self.break_seconds = 0.9 * self.break_seconds + self._break[0] - self._break[1] * t1
+            self.breaks = 0.9 * self.breaks + 1.0
+        self._break, self._after_restart = [0.0, 0], False
         self.seconds[width] = 0.9 * self.seconds.get(width, 0.0) + r.cost_seconds
         self.counts[width] = 0.9 * self.counts.get(width, 0.0) + 1.0
         t1 = self.time(1)

@@ -115,6 +115,7 @@ class _Queued:
     token: mx.array
     hidden: dict[int, mx.array]
     since: float  # when it could start running: a chained decode starts when its predecessor ends
+    chained: bool = False  # queued while the decode before it ran (pipelined)
 
 
 Step = tuple[Round, list[int], dict[int, Any]]
@@ -190,14 +191,15 @@ class _Loop:
         read the queued one's token."""
         tv = time.perf_counter()
         q = self.queued
-        following = self._queue(q.token, 1, since=0.0) if self._may_chain() else None
+        following = self._queue(q.token, 1, since=0.0, chained=True) if self._may_chain() else None
         y = q.token.item()
         ts = time.perf_counter()
         if following is not None:
             following.since = ts
         self.queued = following
         r = Round(cost_seconds=ts - q.since, propose_seconds=self._take_propose_seconds(),
-                  verify_seconds=ts - tv)  # fmt: skip
+                  verify_seconds=ts - tv, restarted=not q.chained,
+                  chain_end=q.chained and following is None)  # fmt: skip
         return r, [y], q.hidden
 
     def after(self, r: Round, hidden: dict[int, Any]) -> None:
@@ -219,13 +221,13 @@ class _Loop:
             self.propose_seconds += time.perf_counter() - t0
 
     # -- helpers ---------------------------------------------------------------
-    def _queue(self, token: int | mx.array, ahead: int, since: float) -> _Queued:
+    def _queue(self, token: int | mx.array, ahead: int, since: float, chained: bool = False) -> _Queued:
         """Queue a single-token forward of ``token`` (``ahead`` positions after
         the last committed token); its next token is computed lazily."""
         fwd = self.rt.decode(token, capture_layers=self.capture)
         y = self.decider.next_token(fwd.logits[-1], self.tokens, ahead)
         mx.async_eval(y)
-        return _Queued(y, fwd.hidden, since)
+        return _Queued(y, fwd.hidden, since, chained)
 
     def _may_chain(self) -> bool:
         """Whether the next decode may be queued before this one is read. The

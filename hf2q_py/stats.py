@@ -28,6 +28,8 @@ class Round:
     propose_seconds: float = 0.0
     verify_seconds: float = 0.0
     sample_seconds: float = 0.0
+    restarted: bool = False  # a decode not overlapped with the round before it (not pipelined)
+    chain_end: bool = False  # a pipelined decode that queued no next decode (its timing is partial)
 
     @property
     def forward_tokens(self) -> int:

@@ -38,12 +38,17 @@ def test_k_below_one_is_refused(bad):
         AdaptiveK(bad)
 
 
-def test_the_first_round_is_a_plain_decode_to_measure_the_yardstick():
-    assert AdaptiveK(8).next_k() == 0
+def test_before_anything_is_timed_k_follows_the_prior_costs():
+    """The first round may draft (a retried answer copies from its first
+    token); how much follows from the prior rates and the prior costs."""
+    assert AdaptiveK(8).next_k() == AdaptiveK(8).best_k() > 0
+    assert AdaptiveK(8, key_priors={"unlikely": 0.05}).next_k("unlikely") == 0
 
 
 def test_drafts_that_are_always_right_grow_to_k_max():
-    ks = play(AdaptiveK(8), lambda k: k, 30)
+    policy = AdaptiveK(8)
+    policy.update(Round(cost_seconds=seconds(1)))  # a timed pipelined decode
+    ks = play(policy, lambda k: k, 30)
     assert ks[-1] == 8
 
 
@@ -81,6 +86,55 @@ def test_a_key_prior_sets_where_a_new_key_starts():
     assert policy.next_k("other") < first
     play(policy, lambda k: 0, 12, key="deep")  # then evidence wins
     assert policy.next_k("deep") <= first // 2
+
+
+def test_a_measured_pipeline_restart_stands_weak_drafts_down():
+    """Plain decodes are pipelined; a verify round breaks the pipeline, and
+    what the decodes around the break cost beyond as many pipelined decodes
+    is charged to drafting: a draft that saves less is not made, a strong
+    one still is."""
+    policy = AdaptiveK(16, key_priors={"weak": 0.45, "strong": 0.95})
+    policy.update(Round(cost_seconds=DECODE_S))  # a pipelined decode
+    assert policy.next_k("weak") > 0 and policy.restart_cost() == 0.0
+    policy.update(Round(drafted=1, accepted=0, key="other", cost_seconds=seconds(2)))
+    policy.update(Round(cost_seconds=2.5 * DECODE_S, restarted=True))  # the restart ran two forwards
+    policy.update(Round(cost_seconds=0.5 * DECODE_S))  # so the next decode had little left to do
+    policy.update(Round(cost_seconds=DECODE_S))  # pipelined again: the break cost 1 decode extra
+    assert policy.restart_cost() == pytest.approx(1.0)
+    assert policy.time(1) == pytest.approx(DECODE_S)  # the decodes of the break are not the yardstick
+    assert policy.cost(2) == pytest.approx(1.1 + 1.0)  # measured: 1.1 decodes, plus the break
+    assert policy.next_k("weak") == 0
+    assert policy.next_k("strong") >= 8
+
+
+def test_a_break_by_early_drafts_is_timed_from_the_chains_last_decode():
+    """Drafts proposed while a decode runs end the chain: the chain's last
+    decode, the restarted one and the next are timed together."""
+    policy = AdaptiveK(8)
+    policy.update(Round(cost_seconds=DECODE_S))
+    policy.update(Round(cost_seconds=0.2 * DECODE_S, chain_end=True))
+    policy.update(Round(cost_seconds=2.3 * DECODE_S, restarted=True))
+    policy.update(Round(cost_seconds=DECODE_S))
+    policy.update(Round(cost_seconds=DECODE_S))
+    assert policy.restart_cost() == pytest.approx(0.5)
+
+
+def test_untimed_policies_ignore_the_restart():
+    policy = AdaptiveK(8, timed=False)
+    policy.update(Round(cost_seconds=DECODE_S))
+    policy.update(Round(cost_seconds=5 * DECODE_S, restarted=True))
+    policy.update(Round(cost_seconds=DECODE_S))
+    policy.update(Round(cost_seconds=DECODE_S))
+    assert policy.restart_cost() == 0.0
+
+
+def test_a_key_prior_can_set_the_first_position_apart():
+    """A prior (first, later) models drafts whose first token is the risky
+    one: a weak first token stands a key down even when later ones are sure."""
+    policy = AdaptiveK(16, key_priors={"weak start": (0.2, 0.95), "strong start": (0.9, 0.95)})
+    policy.update(Round(cost_seconds=seconds(1)))
+    assert policy.rates("weak start")[:3] == [0.2, 0.95, 0.95]
+    assert policy.next_k("weak start") < policy.next_k("strong start")
 
 
 def test_unmeasured_widths_follow_the_measured_ones():

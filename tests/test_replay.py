@@ -49,6 +49,18 @@ def test_replayed_acceptance_of_a_real_greedy_stream():
     assert row.accepted + row.rounds == len(out)
 
 
+def test_a_pipeline_restart_after_a_verify_is_charged():
+    """The first plain decode after a verify round costs ``restart`` extra,
+    as in the engine (plain decodes are pipelined, verifies are not)."""
+    out = [5, 6, 7, 8, 9] * 4 + list(range(100, 120))
+    stream = Stream("copy then fresh", "code", [1, 2, 5, 6, 7, 8, 9, 3], out)
+    opts = {"method": "ngram", "k": 8, "adaptive": False}
+    (free,) = replay([stream], "x", opts, COST)
+    (charged,) = replay([stream], "x", opts, CostModel(COST.seconds, restart=0.1))
+    assert charged.accepted == free.accepted
+    assert charged.seconds > free.seconds + 0.1 - 1e-9
+
+
 def test_only_model_free_methods_replay():
     with pytest.raises(Hf2qError, match="model-free"):
         replay([Stream("t", "code", [1], [2])], "d", {"method": "layerskip"}, COST)

@@ -76,12 +76,36 @@ def test_a_draft_is_sized_by_its_match_length():
     p = SuffixProposer(SuffixOptions(min_prob=0.0, factor=1.0, offset=2))
     ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0, 1]
     p.start(None, ctx, {}, None)
-    assert p.draft_key(ctx) == depth_class(1)
+    assert p.draft_key(ctx) == (depth_class(1), False)
     assert p.propose(ctx, 32).tokens == [2, 3, 4]  # match of 1: at most 1 * 1 + 2 drafts
     ctx2 = ctx + [2, 3, 4]
-    assert p.draft_key(ctx2) == 4
+    assert p.draft_key(ctx2) == (4, False)
     assert p.propose(ctx2, 32).tokens == [5, 6, 7, 8, 9, 10]  # match of 4: 6 drafts
     assert p.propose(ctx2, 3).tokens == [5, 6, 7]  # and never more than k
+
+
+def test_the_draft_key_says_whether_earlier_continuations_split():
+    """The key is (match-depth class, split): whether the earlier occurrences
+    of the match continued with different tokens (a first draft token that
+    is often wrong, whatever the depth)."""
+    p = SuffixProposer()
+    once = [5, 6, 7, 1, 5, 6]
+    agree = [5, 6, 7, 1, 5, 6, 7, 2, 5, 6]
+    split = [5, 6, 7, 1, 5, 6, 8, 2, 5, 6]
+    for ctx, is_split in ((once, False), (agree, False), (split, True)):
+        p.start(None, ctx, {}, None)
+        assert p.draft_key(ctx) == (2, is_split)
+
+
+def test_unsplit_matches_are_expected_to_start_better_than_split_ones():
+    """The priors (measured by replay) expect the first draft token after a
+    match whose earlier continuations agreed to be right more often than
+    after one whose continuations split, at every depth."""
+    from hf2q_py.draft_length import AdaptiveK
+
+    policy = AdaptiveK(32, key_priors=SuffixProposer.key_priors)
+    for depth in (1, 2, 3, 4, 8, 16, 32):
+        assert policy.expected_tokens(1, (depth, False)) > policy.expected_tokens(1, (depth, True))
 
 
 def test_no_match_no_drafts():
@@ -108,7 +132,7 @@ def test_memory_drafts_a_retried_answer():
     retry = SuffixProposer(SuffixOptions(min_prob=0.0, factor=1.0, offset=4), memory)
     ctx = [7, 1, 2, 3]  # the same prompt: drafts from its first token
     retry.start(None, ctx, {}, None)
-    assert retry.draft_key(ctx) == 3
+    assert retry.draft_key(ctx) == (3, False)
     assert retry.propose(ctx, 16).tokens == answer[:7]  # a match of 3: up to 3 + 4
     ctx = [9, 50]  # another prompt: a match of 1 drafts up to 1 + 4
     retry.start(None, ctx, {}, None)
@@ -229,5 +253,5 @@ def test_a_generation_ending_meanwhile_is_drafted_from_at_once():
     p.start(None, ctx, {}, None)
     assert p.propose(ctx, 4).tokens == [3, 4, 5, 6]
     memory.add([30, 1, 2, 33, 34, 35])  # over 12 tokens: the first entry goes, the automaton is rebuilt
-    assert p.draft_key(ctx) == 2
+    assert p.draft_key(ctx) == (2, False)
     assert p.propose(ctx, 4).tokens == [33, 34, 35]

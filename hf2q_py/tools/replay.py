@@ -50,9 +50,12 @@ class Stream:
 
 @dataclass
 class CostModel:
-    """Seconds of one forward of ``width`` tokens, measured at a context."""
+    """Seconds of one forward of ``width`` tokens, measured at a context, and
+    ``restart``: the extra seconds of the first plain decode after a verify
+    round (plain decodes are pipelined, a verify round is not)."""
 
     seconds: dict[int, float]
+    restart: float = 0.0
 
     def __call__(self, width: int) -> float:
         ws = sorted(self.seconds)
@@ -107,6 +110,7 @@ def replay_stream(stream: Stream, proposer, policy, cost: CostModel) -> tuple[in
     proposer.start(None, tokens, {}, None)
     i = rounds = verify_rounds = drafted = accepted = 0
     seconds = 0.0
+    verified = True  # the round before was a verify (or none): the next plain decode restarts the pipeline
     while i < len(out):
         rounds += 1
         active = proposer.active
@@ -114,8 +118,9 @@ def replay_stream(stream: Stream, proposer, policy, cost: CostModel) -> tuple[in
         k = min(policy.next_k(key), len(out) - i - 1) if active else 0
         drafts = proposer.propose(tokens, k).tokens[:k] if k > 0 else []
         if not drafts:
-            t = cost(1)
-            policy.update(Round(cost_seconds=t))
+            t = cost(1) + (cost.restart if verified else 0.0)
+            policy.update(Round(cost_seconds=t, restarted=verified))
+            verified = False
             tokens.append(out[i])
             i += 1
             proposer.update(tokens, 0, 0, {})
@@ -125,6 +130,7 @@ def replay_stream(stream: Stream, proposer, policy, cost: CostModel) -> tuple[in
                 n += 1
             t = cost(len(drafts) + 1)
             policy.update(Round(drafted=len(drafts), accepted=n, key=key, cost_seconds=t))
+            verified = True
             tokens.extend(out[i : i + n + 1])
             i += n + 1
             verify_rounds += 1
@@ -152,7 +158,8 @@ def replay(
             raise Hf2qError(f"replay runs model-free methods only (ngram), not {spec.method!r}")
         proposer, policy = build_proposer(_MemoryHolder(memory), spec)
         r, v, d, a, sec = replay_stream(s, proposer, policy, cost)
-        rows.append(ReplayRow(s.name, s.kind, label, len(s.output), r, v, d, a, sec, cost(1) * len(s.output)))
+        base = cost(1) * len(s.output) + cost.restart  # plain decoding restarts once, at its first token
+        rows.append(ReplayRow(s.name, s.kind, label, len(s.output), r, v, d, a, sec, base))
     return rows
 
 
@@ -206,6 +213,7 @@ def save(path: str, streams: Sequence[Stream], cost: CostModel, source: str) -> 
     data = {
         "model": source,
         "cost_seconds": {str(k): v for k, v in cost.seconds.items()},
+        "restart_seconds": cost.restart,
         "streams": [s.__dict__ for s in streams],
     }
     with open(path, "w", encoding="utf-8") as f:
@@ -218,7 +226,7 @@ def load(path: str) -> tuple[list[Stream], CostModel]:
             data = json.load(f)
     except (OSError, ValueError) as e:
         raise Hf2qError(f"cannot read replay streams {path}: {e}") from None
-    cost = CostModel({int(k): float(v) for k, v in data["cost_seconds"].items()})
+    cost = CostModel({int(k): float(v) for k, v in data["cost_seconds"].items()}, float(data.get("restart_seconds", 0.0)))
     return [Stream(**s) for s in data["streams"]], cost
 
 
@@ -254,6 +262,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--measure-costs", action="store_true", help="measure the forward costs again (keep the streams)")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--only", default=None, help="replay only streams whose name contains this text")
+    ap.add_argument("--restart-cost", type=float, default=None,
+                    help="extra cost of the first plain decode after a verify round, in decodes "
+                         "(default: the streams file's, else 0)")
     ap.add_argument("--methods", default="ngram;ngram:ngram_proposer=lookup,k=16",
                     help="';'-separated methods with options, as for hf2q-py bench")
     ap.add_argument("--results", default=None, help="also write a results file (JSON) here")
@@ -275,8 +286,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             cost = measure_costs(target, streams[0].prompt + streams[0].output)
             save(args.streams, streams, cost, target.source)
         streams, cost = load(args.streams)
+        if args.restart_cost is not None:
+            if args.restart_cost < 0:
+                raise Hf2qError(f"--restart-cost must be >= 0, got {args.restart_cost}")
+            cost.restart = args.restart_cost * cost(1)
         print("modelled forward cost relative to one token: "
-              + ", ".join(f"{w}: {cost(w) / cost(1):.2f}" for w in sorted(cost.seconds)) + "\n")
+              + ", ".join(f"{w}: {cost(w) / cost(1):.2f}" for w in sorted(cost.seconds))
+              + f"; pipeline restart after a verify: {cost.restart / cost(1):.2f}\n")
         streams = [s for s in streams if args.only is None or args.only in s.name]
         rows = []
         for m in parse_methods(args.methods):
