@@ -18,6 +18,7 @@ METHODS = ("baseline", "ngram", "draft", "layerskip", "dflash")
 DEFAULT_K = {"ngram": 16}  # default maximum draft length per method; 8 for the others
 NGRAM_PROPOSERS = ("suffix", "lookup")
 SUFFIX_DEFAULT_K = 32  # the suffix proposer sizes its own drafts: a larger cap
+DEFAULT_DRAFT_P_MIN = 0.0
 
 
 @dataclass
@@ -35,7 +36,8 @@ class SpecConfig:
     ngram_min: int = 1
     ngram_max: int = 5
     draft: Any = None  # draft model: a Target or a load() source
-    draft_p_min: float = 0.0
+    draft_p_min: float = DEFAULT_DRAFT_P_MIN  # draft method: end a draft before a token the draft is this unsure of
+    draft_suffix_depth: int = 0  # draft method: copy (suffix proposer) where the match is this deep; 0: off
     skip_layers: Sequence[int] | str | None = None
     drafter: Any = None  # DFlash block drafter: a Drafter or a folder path
     ngram_proposer: str = "suffix"  # n-gram method: "suffix" (automaton) or "lookup" (prompt lookup)
@@ -50,6 +52,7 @@ class SpecConfig:
         check_bool("adaptive", self.adaptive)
         validate_ngram(self.ngram_min, self.ngram_max)
         check_float("draft-p-min", self.draft_p_min, 0.0, 1.0, hi_open=True)
+        check_int("draft-suffix-depth", self.draft_suffix_depth, 0)
         if self.skip_layers is not None:
             check_skip_layers(self.skip_layers)
         if self.draft is not None and not isinstance(self.draft, (str, Path, Target)):

@@ -25,7 +25,7 @@ class MethodSpec:
 
 
 _BOOL = {"fixed": ("adaptive", False), "adaptive": ("adaptive", True)}
-_INT = ("k", "ngram_min", "ngram_max")
+_INT = ("k", "ngram_min", "ngram_max", "draft_suffix_depth")
 _FLOAT = ("draft_p_min", "suffix_min_prob")
 _STR = ("draft", "drafter", "skip_layers", "ngram_proposer")
 _YES_NO = ("memory",)

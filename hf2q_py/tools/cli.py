@@ -46,7 +46,8 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ngram-proposer", default="suffix", choices=("suffix", "lookup"), help="n-gram method: suffix automaton with counts (default) or prompt lookup")
     p.add_argument("--suffix-min-prob", type=float, default=0.1, help="suffix proposer: stop a draft where its estimated probability falls below this")
     p.add_argument("--draft-model", default=None, help="draft model (draft method): folder, HF repo id or GGUF")
-    p.add_argument("--draft-p-min", type=float, default=0.0, help="stop drafting when the draft's confidence drops below this")
+    p.add_argument("--draft-p-min", type=float, default=None, help="draft method: end a draft before a token the draft model is less sure of than this (default: SpecConfig.draft_p_min)")
+    p.add_argument("--draft-suffix-depth", type=int, default=0, help="draft method: where the context's suffix occurred earlier at least this many tokens deep, copy it (no draft forward) instead of running the draft model; 0: off")
     p.add_argument("--skip-layers", default="auto", help="layer-skip set: auto, alternate, early:N, middle:N or a list like 3,5,7")
     p.add_argument("--drafter", default=None, help="DFlash drafter folder (dflash method)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
@@ -66,7 +67,7 @@ def spec_options(args: argparse.Namespace) -> dict:
         ngram_max=args.ngram_max,
         ngram_proposer=args.ngram_proposer,
         suffix_min_prob=args.suffix_min_prob,
-        draft_p_min=args.draft_p_min,
+        draft_suffix_depth=args.draft_suffix_depth,
         temperature=args.temp,
         top_p=args.top_p,
         top_k=args.top_k,
@@ -74,6 +75,8 @@ def spec_options(args: argparse.Namespace) -> dict:
         seed=args.seed,
         repetition_penalty=args.repetition_penalty,
     )
+    if args.draft_p_min is not None:
+        options["draft_p_min"] = args.draft_p_min
     if args.method == "draft":
         options["draft"] = args.draft_model  # the path is checked; the CLI loads it with --dtype
     if args.method == "layerskip":
