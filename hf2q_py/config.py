@@ -18,7 +18,10 @@ METHODS = ("baseline", "ngram", "draft", "layerskip", "dflash")
 DEFAULT_K = {"ngram": 16}  # default maximum draft length per method; 8 for the others
 NGRAM_PROPOSERS = ("suffix", "lookup")
 SUFFIX_DEFAULT_K = 32  # the suffix proposer sizes its own drafts: a larger cap
-DEFAULT_DRAFT_P_MIN = 0.0
+#: Measured on Qwen2.5-Coder 1.5B/0.5B code edits: the draft's rejected tokens had top
+#: probabilities 0.42-0.71, accepted ones mostly above 0.8; a token is worth verifying
+#: when its chance of acceptance beats its share of verify and draft time (~0.3-0.45 on a CPU).
+DEFAULT_DRAFT_P_MIN = 0.5
 
 
 @dataclass

@@ -49,9 +49,9 @@ class DraftModelProposer(Proposer):
     """Drafts with a second, smaller model.
 
     ``p_min`` > 0 follows the draft model's confidence: a draft ends before
-    the first token whose draft probability (its top probability when
-    greedy) is below ``p_min`` (llama.cpp's ``--draft-p-min``), so weak
-    drafts cost neither draft forwards nor verify width. The check reads each
+    the first token where the draft model's top probability is below
+    ``p_min`` (llama.cpp's ``--draft-p-min``), so weak drafts cost neither
+    draft forwards nor verify width. The check reads each
     step's confidence while the next step is already built, so it adds no
     draft forward and no wait.
 
@@ -127,7 +127,7 @@ class DraftModelProposer(Proposer):
             dists.append(q)
             if gated:
                 probs = q if q is not None else mx.softmax(logits.astype(mx.float32), axis=-1)
-                confidence.append(probs[y])
+                confidence.append(probs.max())
                 # the previous step is computed (or computing): read its confidence
                 # before this step runs, so an unsure draft ends here at no cost
                 if i > 0 and confidence[i - 1].item() < self.p_min:
