@@ -160,6 +160,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=None, help="results file stem under benchmarks/results/ (.md and .json)")
     ap.add_argument("--lock", default=None, help="hold an exclusive flock on this file while timing (shared machines)")
+    ap.add_argument("--time-limit", type=float, default=None, help="minutes of timing after which the run stops (finished workloads are kept)")
     args = ap.parse_args()
     args.fixed_ks = [int(x) for x in args.fixed_ks.split(",") if x]
     args.mlx_ks = [int(x) for x in args.mlx_ks.split(",") if x]
@@ -182,6 +183,10 @@ def main():
 
         fcntl.flock(os.open(args.lock, os.O_WRONLY | os.O_CREAT, 0o644), fcntl.LOCK_EX)  # held until exit
     started = time.time()
+    if args.time_limit:
+        import signal
+
+        signal.alarm(int(args.time_limit * 60))  # ends the process; each finished workload is already written
     for w in [w for w in default_workloads() if args.workloads in w.name][: args.limit]:
         ids = hf2q_py.encode_prompt(target, w.prompt)
         raw = {lb: [] for lb in labels}
