@@ -91,7 +91,7 @@ def run(target, prompt, method, k, n=32, **kw):
 
 def method_options(arch, method, target):
     if method == "draft":
-        return {"draft": perturbed_target(arch, scale=1.5, noise=0.02)}
+        return {"draft": perturbed_target(arch, scale=1.5, noise=0.02), "draft_p_min": 0.0}
     if method == "layerskip":
         return {"skip_layers": [2]}
     if method == "dflash":
