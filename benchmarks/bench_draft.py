@@ -194,6 +194,8 @@ def main():
             for lb in labels:
                 timed, info = runs[lb](target, ids)
                 raw[lb].append({"whole": timed.whole, "steady": timed.steady, "tokens": timed.tokens, **info})
+                print(f"  {w.name} | {lb}: whole {timed.whole:.3f} tok/s, steady {timed.steady:.3f} tok/s, "
+                      f"{len(timed.tokens)} tokens, {info}", flush=True)
         want = raw["plain"][0]["tokens"]
         medians = {lb: {v: statistics.median(r[v] for r in rs) for v in ("whole", "steady")} for lb, rs in raw.items()}
         identical = {lb: all(r["tokens"] == want for r in rs) for lb, rs in raw.items()}
