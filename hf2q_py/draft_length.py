@@ -94,6 +94,13 @@ class AdaptiveK:
     (e.g. measured acceptance per n-gram match depth): one rate for every
     draft position, or a pair (first position, later positions).
 
+    ``split_drafting`` (proposers whose drafting costs time per token, like a
+    draft model): a round's cost is the target forward's, measured per width,
+    plus K times the drafting cost per token, measured per key
+    (``draft_cost_priors``: key -> cost per token relative to a plain decode,
+    until measured), with the decode time estimated from the measured widths
+    until a plain decode measures it.
+
     ``timed=False`` replaces measured costs by the prior model, so K depends
     only on acceptance: seeded sampling with a draft model or layer skip
     then repeats exactly (which random draws a position uses depends on
@@ -119,6 +126,10 @@ class AdaptiveK:
     key_priors: dict = field(default_factory=dict)  # key -> prior rate, or (first, later)
     break_seconds: float = 0.0  # decayed sum of what pipeline breaks cost extra
     breaks: float = 0.0
+    split_drafting: bool = False  # charge drafting per draft token and key (a draft model)
+    draft_cost_priors: dict = field(default_factory=dict)  # key -> drafting cost per token / decode
+    draft_seconds: dict = field(default_factory=dict)  # key -> decayed sum of drafting seconds
+    draft_tokens: dict = field(default_factory=dict)  # key -> decayed sum of drafted tokens
 
     def __post_init__(self):
         validate_k(self.k_max)
@@ -169,10 +180,35 @@ class AdaptiveK:
             return 0.0
         return max(0.0, self.break_seconds / self.breaks / t1)
 
+    def decode_time(self) -> float | None:
+        """Seconds of a plain decode: measured, or (``split_drafting``) estimated
+        from the nearest measured verify width through the prior's shape."""
+        t1 = self.time(1)
+        if t1 is None and self.split_drafting:
+            widths = [w for w, c in self.counts.items() if c and w > 1]
+            if widths:
+                m = min(widths)
+                t1 = self.time(m) / self.prior_cost(m)
+        return t1
+
+    def draft_cost(self, key: Hashable = None) -> float:
+        """Drafting cost per draft token relative to a plain decode (``split_drafting``):
+        measured for ``key``, else its prior, else measured over all keys, else 0."""
+        t1 = self.decode_time() if self.timed else None
+        tokens = self.draft_tokens.get(key)
+        if t1 and tokens:
+            return self.draft_seconds[key] / tokens / t1
+        if key in self.draft_cost_priors:
+            return self.draft_cost_priors[key]
+        total = sum(self.draft_tokens.values())
+        if t1 and total:
+            return sum(self.draft_seconds.values()) / total / t1
+        return self.draft_cost_priors.get(None, 0.0)
+
     def costs(self) -> list[float]:
         """``cost(n)`` for n = 0 .. k_max + 1 (index n); a verify (n >= 2)
         includes the pipeline restart it causes."""
-        t1 = self.time(1)
+        t1 = self.decode_time()
         measured = sorted(w for w, c in self.counts.items() if c and w > 1) if self.timed and t1 else []
         restart = self.restart_cost()
         out = [1.0, 1.0]
@@ -198,10 +234,11 @@ class AdaptiveK:
         best, best_rate = 0, 1.0
         total, p = 1.0, 1.0
         costs = self.costs()
+        per_draft = self.draft_cost(key) if self.split_drafting else 0.0
         for k, r in enumerate(self.rates(key), start=1):
             p *= r
             total += p
-            rate = total / costs[k + 1]
+            rate = total / (costs[k + 1] + k * per_draft)
             if rate > best_rate * 1.02:
                 best, best_rate = k, rate
         return best
@@ -214,6 +251,8 @@ class AdaptiveK:
         return self.prior_cost(self.probe_k + 1) - 1.0
 
     def next_k(self, key: Hashable = None) -> int:
+        if self.time(1) is None and not self.split_drafting and key not in self.key_priors:
+            return 0  # nothing known about these drafts yet: first time a plain decode
         k = self.best_k(key)  # until a pipelined decode is timed, from the prior costs
         if k > 0:
             return k
@@ -238,7 +277,12 @@ class AdaptiveK:
             self.break_seconds = 0.9 * self.break_seconds + self._break[0] - self._break[1] * t1
             self.breaks = 0.9 * self.breaks + 1.0
         self._break, self._after_restart = [0.0, 0], False
-        self.seconds[width] = 0.9 * self.seconds.get(width, 0.0) + r.cost_seconds
+        seconds = r.cost_seconds
+        if self.split_drafting and drafted:  # drafting is charged per draft token, per key
+            seconds -= r.propose_seconds
+            self.draft_seconds[key] = 0.9 * self.draft_seconds.get(key, 0.0) + r.propose_seconds
+            self.draft_tokens[key] = 0.9 * self.draft_tokens.get(key, 0.0) + drafted
+        self.seconds[width] = 0.9 * self.seconds.get(width, 0.0) + seconds
         self.counts[width] = 0.9 * self.counts.get(width, 0.0) + 1.0
         t1 = self.time(1)
         if t1:

@@ -114,6 +114,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            "Target)", _check_draft, flag="--draft-model", noun="a draft model"),
     Option("draft_p_min", "float", 0.0, "stop drafting when the draft model's top probability falls below this, "
            "in [0, 1)", lambda v: check_float("draft-p-min", v, 0.0, 1.0, hi_open=True)),
+    Option("draft_suffix_depth", "int", 0, "draft method: where the context's end occurred earlier at least this "
+           "many tokens deep, copy it (suffix proposer, no draft forward) instead of running the draft model; "
+           "0: off (default)", lambda v: check_int("draft-suffix-depth", v, 0)),
     Option("skip_layers", "layers", None, "layers to skip: auto (default), alternate, early:N, middle:N or layer ids "
            "([3,5,7] in a method spec, 3,5,7 after --skip-layers)", _check_skip),
     Option("drafter", "text", None, "the DFlash drafter folder (Python: also a Drafter)", _check_drafter,
@@ -152,7 +155,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            (*_SPECULATIVE, "ngram_proposer", "ngram_min", "ngram_max", "memory", "suffix_min_prob"),
            default_k=lambda spec: 32 if spec.ngram_proposer == "suffix" else 16,
            build=".proposers.ngram:build", check=lambda spec: validate_ngram(spec.ngram_min, spec.ngram_max)),
-    Method("draft", "a small model with the target's tokenizer", (*_SPECULATIVE, "draft", "draft_p_min"),
+    Method("draft", "a small model with the target's tokenizer", (*_SPECULATIVE, "draft", "draft_p_min", "draft_suffix_depth",
+                                                                "memory", "suffix_min_prob"),
            required=("draft",), build=".proposers.draft_model:build", draws_drafts=True),
     Method("layerskip", "the target with some layers skipped (self-speculation)", (*_SPECULATIVE, "skip_layers"),
            build=".proposers.layer_skip:build", draws_drafts=True),
@@ -212,9 +216,10 @@ def build_proposer(
         from .proposers.base import PlainDecoding
 
         return PlainDecoding(), NoDrafts()
-    k = spec.draft_length
-    policy = AdaptiveK(k, timed=not (seeded_sampling and method.draws_drafts)) if spec.adaptive else FixedK(k)
     proposer = method.builder()(target, spec)
+    k = max(spec.draft_length, proposer.min_k_cap)
+    policy = AdaptiveK(k, timed=not (seeded_sampling and method.draws_drafts)) if spec.adaptive else FixedK(k)
     if isinstance(policy, AdaptiveK):
         policy.key_priors = dict(proposer.key_priors)
+        proposer.tune(policy)
     return proposer, policy

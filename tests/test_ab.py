@@ -105,7 +105,7 @@ def test_mlx_lm_speculation_past_the_window_is_a_mismatch_and_ours_is_not():
     results, noise = run_ab(
         target,
         [("p", prompt)],
-        [("draft", dict(method="draft", draft=draft, k=4, adaptive=False)),
+        [("draft", dict(method="draft", draft=draft, k=4, adaptive=False, draft_p_min=0.0)),
          ("ngram", dict(method="ngram", k=4)),
          ("mlx-lm-draft", dict(draft=draft, k=4))],
         max_tokens=60,
@@ -146,7 +146,7 @@ def test_fuzz_every_method_equals_the_baseline(arch, scale, prompt_len, max_toke
         want, tops = baseline_trace(target, prompt, max_tokens)
         opts = dict(method=method, k=k, adaptive=adaptive)
         if method == "draft":
-            opts["draft"] = cached_target(arch, 2.0 if scale == 1.0 else 1.0)
+            opts.update(draft=cached_target(arch, 2.0 if scale == 1.0 else 1.0), draft_p_min=0.0)
         if method == "layerskip":
             if arch in ("gemma4_text", "nemotron_h"):
                 # gemma4_text: layer 1's KV is shared; nemotron_h: caches are not one per layer

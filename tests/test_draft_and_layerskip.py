@@ -35,7 +35,8 @@ def test_a_different_random_draft_model_is_lossless(arch, scale, k):
     draft = tiny_target(arch, seed=1, scale=scale)  # low acceptance
     prompt = random_prompt(12)
     want = baseline(target, prompt, 48)
-    r = hf2q_py.generate(target, prompt, max_tokens=48, method="draft", draft=draft, k=k, adaptive=False)
+    r = hf2q_py.generate(target, prompt, max_tokens=48, method="draft", draft=draft, k=k, adaptive=False,
+                         draft_p_min=0.0)
     assert_same_greedy(target.model, prompt, r.tokens, want)
     assert r.stats.drafted > 0
 
@@ -46,7 +47,8 @@ def test_the_target_as_its_own_draft_accepts_everything(arch, scale, k):
     target = tiny_target(arch, scale=scale)
     prompt = random_prompt(12)
     want = baseline(target, prompt, 48)
-    r = hf2q_py.generate(target, prompt, max_tokens=48, method="draft", draft=target, k=k, adaptive=False)
+    r = hf2q_py.generate(target, prompt, max_tokens=48, method="draft", draft=target, k=k, adaptive=False,
+                         draft_p_min=0.0)
     assert_same_greedy(target.model, prompt, r.tokens, want)
     # all drafts accepted (bar numerical near-ties between batched and single-token forwards)
     assert r.stats.acceptance_rate > 0.9
@@ -58,7 +60,8 @@ def test_draft_p_min_drafts_less_and_stays_lossless():
     draft = tiny_target("llama", seed=1, scale=2.0)
     prompt = random_prompt(12)
     want = baseline(target, prompt, 40)
-    free = hf2q_py.generate(target, prompt, max_tokens=40, method="draft", draft=draft, k=6, adaptive=False)
+    free = hf2q_py.generate(target, prompt, max_tokens=40, method="draft", draft=draft, k=6, adaptive=False,
+                            draft_p_min=0.0)
     gated = hf2q_py.generate(target, prompt, max_tokens=40, method="draft", draft=draft, k=6, adaptive=False,
                              draft_p_min=0.3)
     assert_same_greedy(target.model, prompt, gated.tokens, want)

@@ -39,10 +39,14 @@ def test_k_below_one_is_refused(bad):
 
 
 def test_before_anything_is_timed_k_follows_the_prior_costs():
-    """The first round may draft (a retried answer copies from its first
-    token); how much follows from the prior rates and the prior costs."""
-    assert AdaptiveK(8).next_k() == AdaptiveK(8).best_k() > 0
-    assert AdaptiveK(8, key_priors={"unlikely": 0.05}).next_k("unlikely") == 0
+    """The first round may draft where the proposer knows something about
+    its drafts (a key with a prior: a retried answer copies from its first
+    token); how much follows from the prior rates and the prior costs.
+    Drafts with nothing known about them wait for a timed plain decode."""
+    priors = {"likely": 0.9, "unlikely": 0.05}
+    assert AdaptiveK(8, key_priors=priors).next_k("likely") == AdaptiveK(8, key_priors=priors).best_k("likely") > 0
+    assert AdaptiveK(8, key_priors=priors).next_k("unlikely") == 0
+    assert AdaptiveK(8).next_k() == 0 < AdaptiveK(8).best_k()
 
 
 def test_drafts_that_are_always_right_grow_to_k_max():

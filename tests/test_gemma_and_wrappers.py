@@ -42,7 +42,7 @@ def test_capture_and_the_borrowed_head_reproduce_the_wrappers_logits(arch):
 
 def options(arch, method, target):
     if method == "draft":
-        return {"draft": perturbed_target(arch, scale=1.5 if arch == "gpt_oss" else 1.0, noise=0.02)}
+        return {"draft": perturbed_target(arch, scale=1.5 if arch == "gpt_oss" else 1.0, noise=0.02), "draft_p_min": 0.0}
     if method == "layerskip":
         return {"skip_layers": [1]}
     if method == "dflash":

@@ -65,7 +65,8 @@ def test_target_padding_ids_never_index_past_the_draft_embedding():
     prompt = [int(t) for t in np.random.default_rng(0).integers(0, 128, 12)]
     want = hf2q_py.generate(target, prompt, max_tokens=40).tokens
     assert max(want) >= VOCAB  # the case under test: ids past the draft's table
-    got = hf2q_py.generate(target, prompt, max_tokens=40, method="draft", draft=draft, k=4, adaptive=False)
+    got = hf2q_py.generate(target, prompt, max_tokens=40, method="draft", draft=draft, k=4, adaptive=False,
+                           draft_p_min=0.0)
     assert got.tokens == want and got.stats.drafted > 0
 
 
@@ -520,7 +521,7 @@ def test_eos_ends_sampled_generation_without_being_emitted(method):
     prompt = random_prompt(8) * 2  # repeats, so the n-gram proposer drafts
     opts = dict(method=method, temperature=0.9, seed=4)
     if method == "draft":
-        opts.update(draft=tiny_target("llama", seed=1, scale=2.0), k=3, adaptive=False)
+        opts.update(draft=tiny_target("llama", seed=1, scale=2.0), k=3, adaptive=False, draft_p_min=0.0)
     free = hf2q_py.generate(target, prompt, max_tokens=30, **opts)
     eos = free.tokens[12]
     target.eos_token_ids = {eos}

@@ -76,7 +76,8 @@ METHODS = {
     "baseline": dict(),
     "ngram": dict(method="ngram", ngram_proposer="lookup", k=2, adaptive=False),
     "suffix": dict(method="ngram", ngram_proposer="suffix", memory=False, k=2, adaptive=False),
-    "draft": dict(method="draft", k=2, adaptive=False),
+    "draft": dict(method="draft", k=2, adaptive=False, draft_p_min=0.0),
+    "draft+copies": dict(method="draft", k=2, adaptive=False, draft_p_min=0.0, draft_suffix_depth=1, memory=False),
     "layerskip": dict(method="layerskip", skip_layers=[1, 2], k=2, adaptive=False),
     "dflash": dict(method="dflash", k=2, adaptive=False),
     "dflash-vocab": dict(method="dflash", k=2, adaptive=False),  # drafts from half the vocabulary
@@ -87,7 +88,7 @@ METHODS = {
 def test_first_tokens_follow_the_target_distribution(setup, method):
     target, prompt, dist = setup
     opts = dict(METHODS[method])
-    if method == "draft":
+    if method.startswith("draft"):
         opts["draft"] = tiny_target("llama", seed=1, scale=2.0)
     if method.startswith("dflash"):
         from hf2q_py.proposers.dflash_drafter import DraftVocab, drafter_for
@@ -96,7 +97,7 @@ def test_first_tokens_follow_the_target_distribution(setup, method):
         if method == "dflash-vocab":  # q is zero outside the subset, where the target still samples
             opts["drafter"].vocab = DraftVocab(range(0, target.vocab_size, 2), target.vocab_size)
             assert {t % 2 for seq in dist for t in seq} == {0, 1}
-    if method in ("ngram", "suffix"):  # put the likely continuations in the context so drafts happen
+    if method in ("ngram", "suffix", "draft+copies"):  # put the likely continuations in the context so drafts happen
         prompt = prompt + [t for seq in sorted(dist, key=dist.get)[-3:] for t in seq] + prompt[-2:]
         dist = exact_distribution(target, prompt, SamplingConfig(**CFG))
     counts, first_drafted = samples(target, prompt, RUNS, **opts)
@@ -120,7 +121,7 @@ def test_a_wrong_acceptance_rule_fails_the_same_test(setup):
     draft = tiny_target("llama", seed=1, scale=2.0)
     counts = Counter()
     for seed in range(RUNS):
-        proposer, policy = build_proposer(target, SpecConfig(method="draft", draft=draft, k=2, adaptive=False))
+        proposer, policy = build_proposer(target, SpecConfig(method="draft", draft=draft, k=2, adaptive=False, draft_p_min=0.0))
         out = []
         for new in generate_tokens(target, prompt, max_tokens=TOKENS, proposer=proposer, policy=policy,
                                    decider=AlwaysAccept(SamplingConfig(seed=seed, **CFG))):

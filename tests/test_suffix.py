@@ -105,7 +105,7 @@ def test_unsplit_matches_are_expected_to_start_better_than_split_ones():
 
     policy = AdaptiveK(32, key_priors=SuffixProposer.key_priors)
     for depth in (1, 2, 3, 4, 8, 16, 32):
-        assert policy.expected_tokens(1, (depth, False)) > policy.expected_tokens(1, (depth, True))
+        assert policy.rates((depth, False))[0] > policy.rates((depth, True))[0]
 
 
 def test_no_match_no_drafts():

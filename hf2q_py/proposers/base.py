@@ -50,6 +50,8 @@ class Proposer:
     uses_target_cache = False
     #: Prior acceptance rate per ``draft_key`` for adaptive K (none: measured only).
     key_priors: dict[Hashable, float] = {}
+    #: The policy's K is at least this (a proposer that sizes some drafts itself, like copies).
+    min_k_cap = 0
 
     @property
     def active(self) -> bool:
@@ -61,6 +63,10 @@ class Proposer:
         """A class for the next drafts, known before drafting (the n-gram match
         depth); adaptive K keeps acceptance statistics per class. None: one class."""
         return None
+
+    def tune(self, policy: Any) -> None:
+        """Adjust an adaptive draft-length policy (``AdaptiveK``) to this
+        proposer's costs, once at build; by default nothing."""
 
     def start(self, runtime: Any, prompt: Sequence[int], hidden: dict[int, Any], decider: Any) -> None:
         """Called once, after the prompt (all but its last token) was prefilled.

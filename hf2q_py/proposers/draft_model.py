@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from ..errors import Hf2qError
-from ..target import Target
+from ..target import PREFILL_CHUNK, Target
 from .base import Draft, Proposer
 
 
@@ -35,28 +36,59 @@ def check_compatible(target: Target, draft: Target) -> None:
         raise Hf2qError(f"the draft model's vocabulary ({dv}) is larger than the target's ({tv})")
 
 
+#: Prior acceptance of a draft model's tokens (a same-family draft model, measured
+#: on the code-editing workloads): adaptive K starts from it, then measures.
+DRAFT_PRIOR_RATE = 0.8
+
+
+def relative_cost(target: Target, draft: Target) -> float:
+    """A prior for the cost of one draft-model step relative to a target decode:
+    the ratio of their weights' bytes (decoding reads every weight once)."""
+    def size(t: Target) -> int:
+        return sum(v.nbytes for _, v in tree_flatten(t.model.parameters()))
+
+    return min(1.0, size(draft) / max(size(target), 1))
+
+
 class DraftModelProposer(Proposer):
     """Drafts with a second, smaller model.
 
-    ``p_min`` > 0 stops a draft early once the draft model's probability of
-    its own next token falls below it (llama.cpp's ``--draft-p-min``), so
-    weak drafts cost less to draft and to verify.
+    ``p_min`` > 0 follows the draft model's confidence: a draft ends before
+    the first token where the draft model's top probability is below
+    ``p_min`` (llama.cpp's ``--draft-p-min``), so weak drafts cost neither
+    draft forwards nor verify width. The check reads each
+    step's confidence while the next step is already built, so it adds no
+    draft forward and no wait.
+
+    ``lazy_prefill``: the draft model reads the prompt only when it first
+    drafts (a combined proposer may never need it), in one batched catch-up.
     """
 
     name = "draft"
 
-    def __init__(self, draft: Target, p_min: float = 0.0):
+    def __init__(self, draft: Target, p_min: float = 0.0, lazy_prefill: bool = False, cost: float = 0.0):
         self.draft = draft
+        self.cost = cost  # prior cost of one draft step relative to a target decode
         self.p_min = p_min
+        self.lazy_prefill = lazy_prefill
         self.rt = None
         self.cached: list[int] = []  # tokens whose K/V are in the draft's cache
         self.synced = 0  # cached[:synced] are known to be committed tokens
+        self.confidence: list[float] = []  # the latest draft's per-token confidence (p_min > 0)
+
+    def tune(self, policy) -> None:
+        """Adaptive K charges drafting per draft token (``split_drafting``),
+        from this model's weight-size prior until measured, and starts from
+        the acceptance of a same-family draft model."""
+        policy.split_drafting = True
+        policy.prior_rate = DRAFT_PRIOR_RATE
+        policy.draft_cost_priors = {None: self.cost}
 
     def start(self, runtime, prompt: Sequence[int], hidden, decider) -> None:
         self.decider = decider
         self.rt = self.draft.runtime()
         self.cached = []
-        if len(prompt) > 1:
+        if len(prompt) > 1 and not self.lazy_prefill:
             self.rt.prefill(self._embeddable(prompt[:-1]), logits="none")
             self.cached = list(prompt[:-1])
             mx.eval(self.rt.state())
@@ -85,35 +117,48 @@ class DraftModelProposer(Proposer):
         self.synced = len(tokens)
         return list(tokens[n:])
 
+    def _catch_up(self, feed: list[int]) -> mx.array:
+        """Feed the committed tokens the draft has not seen; the last one's logits.
+        A long catch-up (a lazy prefill) goes through the chunked prefill."""
+        feed = self._embeddable(feed)
+        if len(feed) > PREFILL_CHUNK:
+            self.rt.prefill(feed[:-1], logits="none")
+            feed = feed[-1:]
+        return self.rt.forward(feed, logits="last").logits[-1]
+
     def propose(self, tokens: Sequence[int], k: int) -> Draft:
         feed = self._sync(tokens)
-        logits = self.rt.forward(self._embeddable(feed), logits="last").logits[-1]
+        logits = self._catch_up(feed)
         self.cached.extend(feed)
+        gated = self.p_min > 0
         steps: list[mx.array] = []
         dists: list[mx.array | None] = []
         confidence: list[mx.array] = []
+        n = k  # drafts kept
         for i in range(k):
             y, q = self.decider.draft_token(logits, tokens, i)
             steps.append(y)
             dists.append(q)
-            if self.p_min > 0:
+            if gated:
                 probs = q if q is not None else mx.softmax(logits.astype(mx.float32), axis=-1)
-                confidence.append(probs[y])
+                confidence.append(probs.max())
+                # the previous step is computed (or computing): read its confidence
+                # before this step runs, so an unsure draft ends here at no cost
+                if i > 0 and confidence[i - 1].item() < self.p_min:
+                    n = i - 1
+                    break
+            mx.async_eval(y, *confidence[-1:])
             if i + 1 < k:
                 logits = self.rt.decode(y).logits[-1]
-            mx.async_eval(y, *confidence[-1:])
-            # check the previous step while this one computes
-            if self.p_min > 0 and i > 0 and confidence[i - 1].item() < self.p_min:
-                steps = steps[: i - 1]
-                break
         else:
-            if self.p_min > 0 and confidence[-1].item() < self.p_min:
-                steps.pop()
-        drafts = mx.stack(steps).tolist() if steps else []
-        probs = mx.stack(dists[: len(drafts)]) if drafts and dists[0] is not None else None
+            if gated and confidence[-1].item() < self.p_min:
+                n = k - 1
+        self.confidence = [c.item() for c in confidence[:n]] if gated else []
+        drafts = mx.stack(steps[:n]).tolist() if n else []
+        probs = mx.stack(dists[:n]) if n and dists[0] is not None else None
         # keep in the draft cache only the drafts that were fed and are returned
         fed = self.rt.offset - len(self.cached)
-        keep = min(fed, len(drafts))
+        keep = min(fed, n)
         self.rt.trim(fed - keep)
         self.cached.extend(drafts[:keep])
         return Draft(drafts, probs)
@@ -131,4 +176,12 @@ def build(target: Target, spec) -> DraftModelProposer:
             target.remembered[key] = load(draft)
         draft = target.remembered[key]
     check_compatible(target, draft)
-    return DraftModelProposer(draft, spec.draft_p_min)
+    copies = spec.draft_suffix_depth > 0
+    model = DraftModelProposer(draft, spec.draft_p_min, lazy_prefill=copies, cost=relative_cost(target, draft))
+    if not copies:
+        return model
+    from .combined import CombinedProposer
+    from .suffix import SuffixOptions, SuffixProposer
+
+    copier = SuffixProposer(SuffixOptions(min_prob=spec.suffix_min_prob), target.memory if spec.memory else None)
+    return CombinedProposer(model, copier, spec.draft_suffix_depth, model_k=spec.draft_length)

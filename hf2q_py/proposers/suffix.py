@@ -243,6 +243,11 @@ class SuffixProposer(Proposer):
         self.prompt_len = len(prompt)
         self._sync(prompt)
 
+    def match_depth(self, tokens: Sequence[int]) -> int:
+        """How many tokens deep the end of ``tokens`` occurred earlier (in the
+        context or the memory): the length of the match a draft copies from."""
+        return self._sync(tokens)[2]
+
     def draft_key(self, tokens: Sequence[int]) -> Hashable:
         source, state, depth = self._sync(tokens)
         if depth < self.options.min_match:

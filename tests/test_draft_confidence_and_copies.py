@@ -1,0 +1,155 @@
+"""The draft method's draft length follows the draft model's confidence, and
+its drafts come from copies of the context where the context matches deeply:
+both stay lossless, and a copy costs no draft-model forward."""
+
+import mlx.core as mx
+import pytest
+from helpers import assert_same_greedy
+from models import random_prompt, tiny_target
+
+import hf2q_py
+from hf2q_py.config import SpecConfig
+from hf2q_py.draft_length import AdaptiveK
+from hf2q_py.errors import Hf2qError
+from hf2q_py.methods import build_proposer
+from hf2q_py.proposers.combined import MODEL_KEY, CombinedProposer
+from hf2q_py.proposers.draft_model import DraftModelProposer
+from hf2q_py.proposers.suffix import SuffixProposer
+from hf2q_py.sampling import Greedy
+from hf2q_py.stats import Round
+
+PAIRS = [("llama", 2.0), ("qwen2", 1.5), ("gemma4_text", 1.5)]
+
+
+def confidences(model, tokens):
+    """The draft model's top probability after every prefix of ``tokens`` (one full forward)."""
+    logits = model(mx.array([tokens]))[0].astype(mx.float32)
+    return mx.softmax(logits, axis=-1).max(axis=-1).tolist()
+
+
+@pytest.mark.parametrize("p_min", [0.05, 0.2, 0.5])
+def test_a_draft_ends_before_the_first_token_the_draft_is_unsure_of(p_min):
+    draft = tiny_target("llama", seed=1, scale=2.0)
+    prompt = random_prompt(10)
+    proposer = DraftModelProposer(draft, p_min=p_min)
+    proposer.start(None, prompt, {}, Greedy())
+    got = proposer.propose(prompt, 8).tokens
+    conf = confidences(draft.model, prompt + got)[len(prompt) - 1 :]
+    # every kept draft was at least p_min likely to the draft, and the next one was not
+    assert all(c >= p_min for c in conf[: len(got)])
+    if len(got) < 8:
+        assert conf[len(got)] < p_min
+    assert proposer.confidence == pytest.approx(conf[: len(got)], abs=1e-4)
+
+
+def test_the_draft_cache_holds_the_kept_drafts_only():
+    draft = tiny_target("llama", seed=1, scale=2.0)
+    prompt = random_prompt(10)
+    proposer = DraftModelProposer(draft, p_min=0.2)
+    proposer.start(None, prompt, {}, Greedy())
+    got = proposer.propose(prompt, 8).tokens
+    assert proposer.rt.offset == len(proposer.cached) <= len(prompt) + len(got)
+    assert proposer.cached == (prompt + got)[: len(proposer.cached)]
+
+
+@pytest.mark.parametrize("arch, scale", PAIRS)
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_confidence_gated_drafts_are_lossless(arch, scale, adaptive):
+    target = tiny_target(arch, seed=0, scale=scale)
+    draft = tiny_target(arch, seed=1, scale=scale)
+    prompt = random_prompt(12)
+    want = hf2q_py.generate(target, prompt, max_tokens=40).tokens
+    for d in (draft, target):  # a weak draft and a perfect one
+        r = hf2q_py.generate(target, prompt, max_tokens=40, method="draft", draft=d, k=6,
+                             adaptive=adaptive, draft_p_min=0.1)
+        assert_same_greedy(target.model, prompt, r.tokens, want)
+
+
+def repeating_prompt(n=12):
+    """A random block, then its first half again: the context matches deeply."""
+    block = random_prompt(n)
+    return block + block[: n // 2]
+
+
+@pytest.mark.parametrize("arch, scale", PAIRS)
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_copies_and_model_drafts_together_are_lossless(arch, scale, adaptive):
+    target = tiny_target(arch, seed=0, scale=scale)
+    draft = tiny_target(arch, seed=1, scale=scale)
+    prompt = repeating_prompt()
+    want = hf2q_py.generate(target, prompt, max_tokens=40).tokens
+    r = hf2q_py.generate(target, prompt, max_tokens=40, method="draft", draft=draft, k=4,
+                         adaptive=adaptive, draft_suffix_depth=2, memory=False)
+    assert_same_greedy(target.model, prompt, r.tokens, want)
+    assert r.stats.drafted > 0
+
+
+def combined(draft, min_depth=4, k=4):
+    model = DraftModelProposer(draft, lazy_prefill=True)
+    return CombinedProposer(model, SuffixProposer(), min_depth, model_k=k)
+
+
+def test_a_deep_match_is_copied_without_running_the_draft_model():
+    draft = tiny_target("llama", seed=1, scale=2.0)
+    prompt = repeating_prompt()  # the last 6 tokens occurred before, followed by the block's second half
+    proposer = combined(draft)
+    proposer.start(None, prompt, {}, Greedy())
+    assert proposer.draft_key(prompt) == ("copy", (4, False))
+    got = proposer.propose(prompt, 16)
+    assert got.tokens == prompt[6 : 6 + len(got)] and len(got) >= 4
+    assert got.probs is None  # a copy is a point mass
+    assert proposer.model.rt.offset == 0  # the draft model has not even read the prompt
+
+
+def test_a_shallow_match_drafts_with_the_model_after_one_catch_up():
+    draft = tiny_target("llama", seed=1, scale=2.0)
+    prompt = random_prompt(12)
+    proposer = combined(draft, min_depth=4, k=3)
+    proposer.start(None, prompt, {}, Greedy())
+    assert proposer.draft_key(prompt) == MODEL_KEY
+    got = proposer.propose(prompt, 16)
+    assert len(got) == 3  # the model's own cap, not the engine's K
+    assert proposer.model.cached[: len(prompt)] == prompt  # the whole context, read once, lazily
+    plain = DraftModelProposer(draft)
+    plain.start(None, prompt, {}, Greedy())
+    assert plain.propose(prompt, 3).tokens == got.tokens
+
+
+def test_the_copy_option_builds_a_combined_proposer_with_a_larger_cap():
+    target = tiny_target("llama", seed=0, scale=2.0)
+    draft = tiny_target("llama", seed=1, scale=2.0)
+    proposer, policy = build_proposer(target, SpecConfig(method="draft", draft=draft, k=4, draft_suffix_depth=3))
+    assert isinstance(proposer, CombinedProposer) and proposer.model_k == 4 and proposer.min_depth == 3
+    assert isinstance(policy, AdaptiveK) and policy.k_max >= 16 and policy.split_drafting
+    assert policy.draft_cost_priors[("copy", (4, False))] == 0.0 and 0 < policy.draft_cost_priors[MODEL_KEY] <= 1
+    plain, _ = build_proposer(target, SpecConfig(method="draft", draft=draft))
+    assert isinstance(plain, DraftModelProposer) and not plain.lazy_prefill
+    with pytest.raises(Hf2qError, match="draft-suffix-depth"):
+        SpecConfig(method="draft", draft=draft, draft_suffix_depth=-1).validate()
+
+
+def timed_round(k, accepted, verify_s, propose_s, key=None):
+    return Round(k=k, drafted=k, accepted=accepted, key=key, cost_seconds=verify_s + propose_s,
+                 propose_seconds=propose_s, verify_seconds=verify_s)
+
+
+def test_split_drafting_charges_drafting_per_token_and_speculates_from_the_first_round():
+    policy = AdaptiveK(8, split_drafting=True, prior_rate=0.9, draft_cost_priors={None: 0.3})
+    assert policy.next_k() > 0  # no plain decode is needed to start
+    # a draft model accepted every time; target forwards cost 1.0 s + 0.05 s per extra token,
+    # drafting 0.1 s per token: more drafts keep paying, so K climbs to the cap
+    for _ in range(20):
+        k = policy.next_k()
+        policy.update(timed_round(k, k, 1.0 + 0.05 * k, 0.1 * k))
+    assert policy.next_k() == 8
+
+
+def test_split_drafting_drafts_less_when_drafting_is_dear():
+    ks = {}
+    for per_token in (0.05, 0.6):
+        policy = AdaptiveK(8, split_drafting=True, key_priors={"x": 0.7})
+        policy.update(Round(cost_seconds=1.0))  # a plain decode: 1 s
+        policy.update(timed_round(4, 4, 1.2, per_token * 4))  # a verify of 5 tokens: 1.2 s
+        assert policy.draft_cost() == pytest.approx(per_token)
+        ks[per_token] = policy.next_k("x")  # drafts right 70% of the time
+    assert ks[0.05] > ks[0.6] >= 1
