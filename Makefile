@@ -15,6 +15,7 @@ demo: setup
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 test: lint
 	$(BIN)/python -m pytest -q

@@ -29,7 +29,9 @@ def run_mlx_lm(target, ids, max_tokens):
     first = None
     n = 0
     tokens = []
-    for resp in mlx_stream_generate(target.model, target.tokenizer, ids, max_tokens=max_tokens, sampler=sampler):
+    for resp in mlx_stream_generate(
+        target.model, target.tokenizer, ids, max_tokens=max_tokens, sampler=sampler
+    ):
         if first is None:
             first = time.perf_counter()
         if resp.token in target.eos_token_ids:
@@ -80,13 +82,29 @@ def main():
     med = {k: statistics.median(v) for k, v in rate.items()}
     pre = {k: len(ids) / statistics.median(v) for k, v in ttft.items()}
     rows = [[k, f"{pre[k]:.0f}", f"{med[k]:.2f}"] for k in ("mlx-lm", "hf2q-py")]
-    rows.append(["hf2q-py / mlx-lm", f"{pre['hf2q-py'] / pre['mlx-lm']:.3f}x", f"{med['hf2q-py'] / med['mlx-lm']:.3f}x"])
-    notes = (f"Built-in SmolLM2-135M-Instruct, float32, prompt {len(ids)} tokens, {args.max_tokens} new tokens, "
-             f"medians of {args.repeats} alternating runs on the same loaded model; identical tokens: {same}.")
-    rec = results.record(shlex.join(["python", *sys.argv]),
-                         [results.table(["engine", "prefill tok/s (to first token)", "decode tok/s"], rows, "lrr")],
-                         notes=notes, data={"ttft_seconds": ttft, "decode_tok_s": rate, "identical": same,
-                                            "prompt_tokens": len(ids), "max_tokens": args.max_tokens})
+    rows.append(
+        [
+            "hf2q-py / mlx-lm",
+            f"{pre['hf2q-py'] / pre['mlx-lm']:.3f}x",
+            f"{med['hf2q-py'] / med['mlx-lm']:.3f}x",
+        ]
+    )
+    notes = (
+        f"Built-in SmolLM2-135M-Instruct, float32, prompt {len(ids)} tokens, {args.max_tokens} new tokens, "
+        f"medians of {args.repeats} alternating runs on the same loaded model; identical tokens: {same}."
+    )
+    rec = results.record(
+        shlex.join(["python", *sys.argv]),
+        [results.table(["engine", "prefill tok/s (to first token)", "decode tok/s"], rows, "lrr")],
+        notes=notes,
+        data={
+            "ttft_seconds": ttft,
+            "decode_tok_s": rate,
+            "identical": same,
+            "prompt_tokens": len(ids),
+            "max_tokens": args.max_tokens,
+        },
+    )
     print(results.render(rec))
     if args.results:
         results.write(args.results, rec)

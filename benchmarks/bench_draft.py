@@ -74,8 +74,12 @@ def ours(target, ids, max_tokens, **options) -> tuple[Timed, dict]:
         if chunk.tokens:
             timed.add(chunk.tokens)
         stats = chunk.stats
-    return timed, {"acceptance": stats.acceptance_rate, "rounds": stats.rounds, "drafted": stats.drafted,
-                   "prefill_s": stats.prefill_seconds}
+    return timed, {
+        "acceptance": stats.acceptance_rate,
+        "rounds": stats.rounds,
+        "drafted": stats.drafted,
+        "prefill_s": stats.prefill_seconds,
+    }
 
 
 def mlx_lm(target, draft, ids, max_tokens, k) -> tuple[Timed, dict]:
@@ -101,7 +105,8 @@ def engines(args, draft) -> dict:
     out["hf2q adaptive"] = lambda t, ids: ours(t, ids, m, k=args.k, **common)
     if args.suffix_depth:
         out["hf2q adaptive+copies"] = lambda t, ids: ours(
-            t, ids, m, k=args.k, draft_suffix_depth=args.suffix_depth, memory=False, **common)
+            t, ids, m, k=args.k, draft_suffix_depth=args.suffix_depth, memory=False, **common
+        )
     for k in args.mlx_ks:
         out[f"mlx-lm K={k}"] = lambda t, ids, k=k: mlx_lm(t, draft, ids, m, k)
     return out
@@ -109,8 +114,9 @@ def engines(args, draft) -> dict:
 
 def commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+        ).stdout.strip()
     except OSError:
         return ""
 
@@ -122,12 +128,19 @@ def best(labels, medians, view, prefix):
 
 
 def table(results, labels, view, title) -> list[str]:
-    lines = [f"{title}:", "", "| workload | prompt | tokens | " + " | ".join(labels) + " |",
-             "|---|---:|---:|" + "---:|" * len(labels)]
+    lines = [
+        f"{title}:",
+        "",
+        "| workload | prompt | tokens | " + " | ".join(labels) + " |",
+        "|---|---:|---:|" + "---:|" * len(labels),
+    ]
     for w in results:
         med = w["medians"]
         base = med["plain"][view]
-        cells = [f"{med[lb][view]:.2f}" + ("" if lb == "plain" else f" ({med[lb][view] / base:.2f}x)") for lb in labels]
+        cells = [
+            f"{med[lb][view]:.2f}" + ("" if lb == "plain" else f" ({med[lb][view] / base:.2f}x)")
+            for lb in labels
+        ]
         lines.append(f"| {w['name']} | {w['prompt_tokens']} | {w['tokens']} | " + " | ".join(cells) + " |")
     return lines + [""]
 
@@ -135,8 +148,12 @@ def table(results, labels, view, title) -> list[str]:
 def versus(results, labels, view) -> list[str]:
     """Each hf2q variant against mlx-lm's best K, per workload."""
     ours_ = [lb for lb in labels if lb.startswith("hf2q")]
-    lines = [f"{view}: against mlx-lm with its best K (per workload)", "",
-             "| workload | mlx-lm best | " + " | ".join(ours_) + " |", "|---|---|" + "---:|" * len(ours_)]
+    lines = [
+        f"{view}: against mlx-lm with its best K (per workload)",
+        "",
+        "| workload | mlx-lm best | " + " | ".join(ours_) + " |",
+        "|---|---|" + "---:|" * len(ours_),
+    ]
     for w in results:
         med = w["medians"]
         ref = best(labels, med, view, "mlx-lm")
@@ -152,15 +169,29 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=8, help="adaptive: most drafts per round")
     ap.add_argument("--fixed-ks", default="4", help="comma-separated fixed Ks for hf2q-py")
-    ap.add_argument("--mlx-ks", default="4", help="comma-separated Ks for mlx-lm (the best one is the reference)")
+    ap.add_argument(
+        "--mlx-ks", default="4", help="comma-separated Ks for mlx-lm (the best one is the reference)"
+    )
     ap.add_argument("--p-min", type=float, default=None, help="draft_p_min (default: SpecConfig's)")
-    ap.add_argument("--suffix-depth", type=int, default=4, help="draft_suffix_depth of the copies variant (0: leave it out)")
+    ap.add_argument(
+        "--suffix-depth",
+        type=int,
+        default=4,
+        help="draft_suffix_depth of the copies variant (0: leave it out)",
+    )
     ap.add_argument("--workloads", default="code:", help="substring of the workload names to run")
     ap.add_argument("--limit", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=None, help="results file stem under benchmarks/results/ (.md and .json)")
-    ap.add_argument("--lock", default=None, help="hold an exclusive flock on this file while timing (shared machines)")
-    ap.add_argument("--time-limit", type=float, default=None, help="minutes of timing after which the run stops (finished workloads are kept)")
+    ap.add_argument(
+        "--lock", default=None, help="hold an exclusive flock on this file while timing (shared machines)"
+    )
+    ap.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="minutes of timing after which the run stops (finished workloads are kept)",
+    )
     args = ap.parse_args()
     args.fixed_ks = [int(x) for x in args.fixed_ks.split(",") if x]
     args.mlx_ks = [int(x) for x in args.mlx_ks.split(",") if x]
@@ -194,46 +225,90 @@ def main():
             for lb in labels:
                 timed, info = runs[lb](target, ids)
                 raw[lb].append({"whole": timed.whole, "steady": timed.steady, "tokens": timed.tokens, **info})
-                print(f"  {w.name} | {lb}: whole {timed.whole:.3f} tok/s, steady {timed.steady:.3f} tok/s, "
-                      f"{len(timed.tokens)} tokens, {info}", flush=True)
+                print(
+                    f"  {w.name} | {lb}: whole {timed.whole:.3f} tok/s, steady {timed.steady:.3f} tok/s, "
+                    f"{len(timed.tokens)} tokens, {info}",
+                    flush=True,
+                )
         want = raw["plain"][0]["tokens"]
-        medians = {lb: {v: statistics.median(r[v] for r in rs) for v in ("whole", "steady")} for lb, rs in raw.items()}
+        medians = {
+            lb: {v: statistics.median(r[v] for r in rs) for v in ("whole", "steady")}
+            for lb, rs in raw.items()
+        }
         identical = {lb: all(r["tokens"] == want for r in rs) for lb, rs in raw.items()}
         for rs in raw.values():
             for r in rs:
                 r["tokens"] = len(r["tokens"])
-        results.append({"name": w.name, "prompt_tokens": len(ids), "tokens": len(want), "medians": medians,
-                        "identical": identical, "runs": raw})
-        print(w.name, {lb: (round(m["whole"], 3), round(m["steady"], 3)) for lb, m in medians.items()}, flush=True)
+        results.append(
+            {
+                "name": w.name,
+                "prompt_tokens": len(ids),
+                "tokens": len(want),
+                "medians": medians,
+                "identical": identical,
+                "runs": raw,
+            }
+        )
+        print(
+            w.name,
+            {lb: (round(m["whole"], 3), round(m["steady"], 3)) for lb, m in medians.items()},
+            flush=True,
+        )
         report(args, labels, results, started)
 
 
 def report(args, labels, results, started) -> None:
     """Print the tables and (``--out``) write them and the raw results."""
-    meta = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commit": commit(),
-            "machine": f"{platform.machine()}, {platform.system()}, mlx {mx.__version__}",
-            "max_tokens": args.max_tokens, "repeats": args.repeats, "p_min": args.p_min,
-            "suffix_depth": args.suffix_depth, "k": args.k, "minutes": round((time.time() - started) / 60, 1)}
-    lines = [f"`python benchmarks/{meta['command']}` ({meta['date']}, commit {meta['commit']}, {meta['machine']}); "
-             f"target {args.target}, draft {args.draft}, float32, {args.max_tokens} new tokens, medians of "
-             f"{args.repeats}, draft_p_min {args.p_min}, adaptive K <= {args.k}, copies at match depth >= "
-             f"{args.suffix_depth}; {meta['minutes']} min", ""]
-    lines += table(results, labels, "steady", "steady decode, tok/s after the first round (prefills excluded)")
+    meta = {
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "commit": commit(),
+        "machine": f"{platform.machine()}, {platform.system()}, mlx {mx.__version__}",
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+        "p_min": args.p_min,
+        "suffix_depth": args.suffix_depth,
+        "k": args.k,
+        "minutes": round((time.time() - started) / 60, 1),
+    }
+    lines = [
+        f"`python benchmarks/{meta['command']}` ({meta['date']}, commit {meta['commit']}, {meta['machine']}); "
+        f"target {args.target}, draft {args.draft}, float32, {args.max_tokens} new tokens, medians of "
+        f"{args.repeats}, draft_p_min {args.p_min}, adaptive K <= {args.k}, copies at match depth >= "
+        f"{args.suffix_depth}; {meta['minutes']} min",
+        "",
+    ]
+    lines += table(
+        results, labels, "steady", "steady decode, tok/s after the first round (prefills excluded)"
+    )
     lines += table(results, labels, "whole", "whole generation, tok/s (prefills included)")
     lines += versus(results, labels, "steady") + versus(results, labels, "whole")
-    lines += ["| workload | " + " | ".join(f"{lb} acceptance" for lb in labels if lb.startswith("hf2q"))
-              + " | identical to plain |", "|---|" + "---:|" * sum(lb.startswith("hf2q") for lb in labels) + "---|"]
+    lines += [
+        "| workload | "
+        + " | ".join(f"{lb} acceptance" for lb in labels if lb.startswith("hf2q"))
+        + " | identical to plain |",
+        "|---|" + "---:|" * sum(lb.startswith("hf2q") for lb in labels) + "---|",
+    ]
     for w in results:
-        acc = [f"{statistics.median(r['acceptance'] for r in w['runs'][lb]):.0%}" for lb in labels if lb.startswith("hf2q")]
-        same = "all" if all(w["identical"].values()) else ", ".join(lb for lb, ok in w["identical"].items() if not ok) + " differ"
+        acc = [
+            f"{statistics.median(r['acceptance'] for r in w['runs'][lb]):.0%}"
+            for lb in labels
+            if lb.startswith("hf2q")
+        ]
+        same = (
+            "all"
+            if all(w["identical"].values())
+            else ", ".join(lb for lb, ok in w["identical"].items() if not ok) + " differ"
+        )
         lines.append(f"| {w['name']} | " + " | ".join(acc) + f" | {same} |")
     text = "\n".join(lines)
     print("\n" + text, flush=True)
     if args.out:
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / f"{args.out}.md").write_text(text + "\n")
-        (RESULTS / f"{args.out}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+        (RESULTS / f"{args.out}.json").write_text(
+            json.dumps({"meta": meta, "results": results}, indent=1) + "\n"
+        )
 
 
 if __name__ == "__main__":

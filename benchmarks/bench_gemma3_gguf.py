@@ -25,9 +25,16 @@ from hf2q_py.tools.ab import run_ab, table
 from hf2q_py.generation import encode_prompt
 
 CORPUS = [
-    "Hello world", " leading space", "def f(x):\n    return x**2  # square\n\n\n", "\tTabs\t\tand\ttabs",
-    "Unicode: café naïve Ελληνικά 日本語 한국어", "emoji 😀🎉👍🏽 and 🧑\u200d🚀", "digits 1234567890 3.14159",
-    "whitespace    runs     here      ", "<start_of_turn>user\nHi<end_of_turn>\n<bos>x", "mixed\r\nnewlines\r\n",
+    "Hello world",
+    " leading space",
+    "def f(x):\n    return x**2  # square\n\n\n",
+    "\tTabs\t\tand\ttabs",
+    "Unicode: café naïve Ελληνικά 日本語 한국어",
+    "emoji 😀🎉👍🏽 and 🧑\u200d🚀",
+    "digits 1234567890 3.14159",
+    "whitespace    runs     here      ",
+    "<start_of_turn>user\nHi<end_of_turn>\n<bos>x",
+    "mixed\r\nnewlines\r\n",
 ]
 CAPITALS = "The capital of France is Paris. The capital of Germany is"
 
@@ -44,7 +51,10 @@ def gemma3_path() -> str:
 def long_prompt(handlers: int = 20) -> str:
     """Code-like text of ~22 tokens per handler (about 440 with the default)
     that stops inside a new function, so the answer runs on past 512 tokens."""
-    lines = [f"def handler_{i}(request):\n    return respond(request, status={200 + i % 3})\n" for i in range(handlers)]
+    lines = [
+        f"def handler_{i}(request):\n    return respond(request, status={200 + i % 3})\n"
+        for i in range(handlers)
+    ]
     return "\n".join(lines) + f"\ndef handler_{handlers}(request):\n"
 
 
@@ -61,12 +71,16 @@ def decode_rate(target, prompt: str, max_tokens: int) -> tuple[float, str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--gguf", default=None, help="path of the Gemma 3 GGUF (default: assembled from the wheels)")
+    ap.add_argument(
+        "--gguf", default=None, help="path of the Gemma 3 GGUF (default: assembled from the wheels)"
+    )
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens generated for the tok/s figure")
     ap.add_argument("--ab-tokens", type=int, default=128, help="tokens generated per A/B method")
     ap.add_argument("--skip-ab", action="store_true")
     ap.add_argument("--skip-table", action="store_true", help="skip the load/speed table")
-    ap.add_argument("--skip-vocab", action="store_true", help="skip the comparison with transformers' converter")
+    ap.add_argument(
+        "--skip-vocab", action="store_true", help="skip the comparison with transformers' converter"
+    )
     args = ap.parse_args()
     path = args.gguf or gemma3_path()
 
@@ -83,7 +97,10 @@ def vocab_check(gemma, path: str) -> None:
     """Ids equal transformers' torch-free GGUF tokenizer (an independent build)."""
     from pathlib import Path
 
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        GGUF_TOKENIZER_MAPPING,
+        convert_gguf_tokenizer,
+    )
 
     from hf2q_py.loaders.gguf_file import read_header
 
@@ -108,8 +125,10 @@ def table_rows(gemma, gemma_load: float, max_tokens: int) -> None:
 
     story = "Once upon a time, in a small village by the sea, there lived"
     rows = []
-    for name, target, load_s in (("SmolLM2-135M-Instruct Q4_1 (built-in)", builtin, builtin_load),
-                                 ("Gemma 3 270M Q4_K_M", gemma, gemma_load)):
+    for name, target, load_s in (
+        ("SmolLM2-135M-Instruct Q4_1 (built-in)", builtin, builtin_load),
+        ("Gemma 3 270M Q4_K_M", gemma, gemma_load),
+    ):
         decode_rate(target, story, 8)  # warm-up
         rate, _ = decode_rate(target, story, max_tokens)
         rows.append(f"| {name} | {load_s:.1f} | {rate:.1f} |")
@@ -122,9 +141,11 @@ def ab(gemma, path: str, ab_tokens: int) -> None:
     ids = encode_prompt(gemma, text, chat_template=False)
     print(f"\nA/B prompt: {len(ids)} tokens + up to {ab_tokens} generated (sliding window 512)")
     draft, _ = timed_load(path)  # the model as its own draft: a separate cache
-    methods = [("ngram", dict(method="ngram", k=4)),
-               ("draft", dict(method="draft", draft=draft, k=4)),
-               ("layerskip", dict(method="layerskip", skip_layers="auto", k=4))]
+    methods = [
+        ("ngram", dict(method="ngram", k=4)),
+        ("draft", dict(method="draft", draft=draft, k=4)),
+        ("layerskip", dict(method="layerskip", skip_layers="auto", k=4)),
+    ]
     results, noise = run_ab(gemma, [(text, ids)], methods, max_tokens=ab_tokens)
     print(table(results))
     print(f"near-tie bound {noise.bound:.3g} over {noise.positions} positions")

@@ -81,12 +81,20 @@ def main():
             t = time.perf_counter()
             assert lookup_by_rescan(tokens, 1, 5, 16) == d
             naive.append(time.perf_counter() - t)
-    lookup = results.table(["what", "time"], [
-        [f"index the {args.context}-token prompt once", f"{build * 1e3:.1f} ms"],
-        [f"per round, incremental index (median of {args.rounds})", f"{statistics.median(inc) * 1e6:.1f} us"],
-        ["per round, incremental index (max)", f"{max(inc) * 1e6:.1f} us"],
-        [f"per round, full rescan (median of {len(naive)})", f"{statistics.median(naive) * 1e3:.2f} ms"],
-    ], "lr", title="Lookup proposer (n-grams of 1-5, K 16; draft key and drafts per round):")
+    lookup = results.table(
+        ["what", "time"],
+        [
+            [f"index the {args.context}-token prompt once", f"{build * 1e3:.1f} ms"],
+            [
+                f"per round, incremental index (median of {args.rounds})",
+                f"{statistics.median(inc) * 1e6:.1f} us",
+            ],
+            ["per round, incremental index (max)", f"{max(inc) * 1e6:.1f} us"],
+            [f"per round, full rescan (median of {len(naive)})", f"{statistics.median(naive) * 1e3:.2f} ms"],
+        ],
+        "lr",
+        title="Lookup proposer (n-grams of 1-5, K 16; draft key and drafts per round):",
+    )
 
     memory = DraftMemory()
     memory.add(ids[args.context // 2 : args.context // 2 + 4096])
@@ -105,16 +113,24 @@ def main():
         p.draft_key(tokens)
         drafted += len(p.propose(tokens, 32))
         times.append(time.perf_counter() - t)
-    suffix = results.table(["what", "time"], [
-        [f"build the automaton over the {args.context}-token prompt once", f"{build * 1e3:.1f} ms"],
-        [f"per round (median of {args.rounds})", f"{statistics.median(times) * 1e6:.1f} us"],
-        ["per round (mean)", f"{statistics.mean(times) * 1e6:.1f} us"],
-        ["per round (max)", f"{max(times) * 1e6:.1f} us"],
-        ["mean drafts per round", f"{drafted / args.rounds:.1f}"],
-    ], "lr", title="Suffix proposer (K 32, a memory of 4096 earlier tokens; draft key and drafts per round):")
-    rec = results.record(shlex.join(["python", *sys.argv]), [lookup, suffix],
-                         notes=f"A context of {args.context} tokens of standard library source; each round "
-                               "commits 1-4 tokens, then asks for the draft key and the drafts.")
+    suffix = results.table(
+        ["what", "time"],
+        [
+            [f"build the automaton over the {args.context}-token prompt once", f"{build * 1e3:.1f} ms"],
+            [f"per round (median of {args.rounds})", f"{statistics.median(times) * 1e6:.1f} us"],
+            ["per round (mean)", f"{statistics.mean(times) * 1e6:.1f} us"],
+            ["per round (max)", f"{max(times) * 1e6:.1f} us"],
+            ["mean drafts per round", f"{drafted / args.rounds:.1f}"],
+        ],
+        "lr",
+        title="Suffix proposer (K 32, a memory of 4096 earlier tokens; draft key and drafts per round):",
+    )
+    rec = results.record(
+        shlex.join(["python", *sys.argv]),
+        [lookup, suffix],
+        notes=f"A context of {args.context} tokens of standard library source; each round "
+        "commits 1-4 tokens, then asks for the draft key and the drafts.",
+    )
     print(results.render(rec))
     if args.results:
         results.write(args.results, rec)

@@ -29,17 +29,48 @@ from hf2q_py.tools.files import check_writable
 def build(hidden: int, layers: int, hybrid: bool, vocab: int = 32000) -> Target:
     heads = hidden // 64
     cfg = dict(
-        model_type="qwen3_next", hidden_size=hidden, num_hidden_layers=layers, intermediate_size=3 * hidden,
-        num_attention_heads=heads, num_key_value_heads=max(1, heads // 4), head_dim=64,
-        linear_num_value_heads=heads, linear_num_key_heads=max(1, heads // 2), linear_key_head_dim=64,
-        linear_value_head_dim=64, linear_conv_kernel_dim=4, num_experts=0, num_experts_per_tok=0,
-        decoder_sparse_step=1, shared_expert_intermediate_size=0, mlp_only_layers=[], moe_intermediate_size=0,
-        rms_norm_eps=1e-6, vocab_size=vocab, rope_theta=10000.0, partial_rotary_factor=0.25,
-        max_position_embeddings=8192, full_attention_interval=4,
+        model_type="qwen3_next",
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=3 * hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 4),
+        head_dim=64,
+        linear_num_value_heads=heads,
+        linear_num_key_heads=max(1, heads // 2),
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
+        linear_conv_kernel_dim=4,
+        num_experts=0,
+        num_experts_per_tok=0,
+        decoder_sparse_step=1,
+        shared_expert_intermediate_size=0,
+        mlp_only_layers=[],
+        moe_intermediate_size=0,
+        rms_norm_eps=1e-6,
+        vocab_size=vocab,
+        rope_theta=10000.0,
+        partial_rotary_factor=0.25,
+        max_position_embeddings=8192,
+        full_attention_interval=4,
     )
     if not hybrid:
-        cfg = {k: v for k, v in cfg.items() if not k.startswith(("linear_", "num_experts", "decoder_sparse",
-               "shared_expert", "mlp_only", "moe_", "partial_rotary", "full_attention"))}
+        cfg = {
+            k: v
+            for k, v in cfg.items()
+            if not k.startswith(
+                (
+                    "linear_",
+                    "num_experts",
+                    "decoder_sparse",
+                    "shared_expert",
+                    "mlp_only",
+                    "moe_",
+                    "partial_rotary",
+                    "full_attention",
+                )
+            )
+        }
         cfg.update(model_type="qwen3", tie_word_embeddings=False)
     model_cls, args_cls = _get_classes(cfg)
     mx.random.seed(0)
@@ -80,8 +111,12 @@ def measure(target: Target, prompt: list[int], block: list[int], repeats: int) -
         plain.prefill(prompt, logits="none")
         mx.eval(plain.state())
         unrecorded.append(timed(lambda: mx.eval(plain.verify(block).logits, plain.state())))
-    return {"verify": statistics.median(verify), "rollback": statistics.mean(rollback),
-            "rerun": statistics.mean(rerun), "unrecorded": statistics.median(unrecorded[2:])}
+    return {
+        "verify": statistics.median(verify),
+        "rollback": statistics.mean(rollback),
+        "rerun": statistics.mean(rerun),
+        "unrecorded": statistics.median(unrecorded[2:]),
+    }
 
 
 def main() -> None:
@@ -102,14 +137,20 @@ def main() -> None:
     h = measure(hybrid, prompt, block, a.repeats)
     t = measure(attention, prompt, block, a.repeats)
     share = lambda x: f"{x * 1e3:.1f} ({100 * x / h['verify']:.1f}% of the recorded verify)"  # noqa: E731
-    rows = [["attention-only verify", f"{t['verify'] * 1e3:.1f}"],
-            ["hybrid verify, not recorded", f"{h['unrecorded'] * 1e3:.1f}"],
-            ["hybrid verify, recorded", f"{h['verify'] * 1e3:.1f}"],
-            ["hybrid rollback, mean over n < K", share(h["rollback"])],
-            ["full re-run of the accepted tokens", share(h["rerun"])]]
-    rec = results.record(shlex.join(["python", *sys.argv]), [results.table(["", "ms"], rows, "lr")],
-                         notes=f"Hidden {a.hidden}, {a.layers} layers, a verify of K + 1 = {a.k + 1} tokens "
-                               f"after a {a.prompt}-token prompt, {a.repeats} repeats.", data={"hybrid": h, "attention": t})
+    rows = [
+        ["attention-only verify", f"{t['verify'] * 1e3:.1f}"],
+        ["hybrid verify, not recorded", f"{h['unrecorded'] * 1e3:.1f}"],
+        ["hybrid verify, recorded", f"{h['verify'] * 1e3:.1f}"],
+        ["hybrid rollback, mean over n < K", share(h["rollback"])],
+        ["full re-run of the accepted tokens", share(h["rerun"])],
+    ]
+    rec = results.record(
+        shlex.join(["python", *sys.argv]),
+        [results.table(["", "ms"], rows, "lr")],
+        notes=f"Hidden {a.hidden}, {a.layers} layers, a verify of K + 1 = {a.k + 1} tokens "
+        f"after a {a.prompt}-token prompt, {a.repeats} repeats.",
+        data={"hybrid": h, "attention": t},
+    )
     print(results.render(rec))
     if a.results:
         results.write(a.results, rec)

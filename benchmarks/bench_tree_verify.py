@@ -172,9 +172,11 @@ def measure_costs(target, context: list[int], repeats: int) -> dict:
         d1 = seconds(model_chain, 1)
         p1 = seconds(pipelined_decodes) / 8
         for t in WIDTHS:
-            row = {"model_chain": seconds(model_chain, t),
-                   "script_chain": seconds(script, t, list(range(-1, t - 1))),
-                   "script_tree": seconds(script, t, trees(t))}
+            row = {
+                "model_chain": seconds(model_chain, t),
+                "script_chain": seconds(script, t, list(range(-1, t - 1))),
+                "script_tree": seconds(script, t, trees(t)),
+            }
             d2 = seconds(model_chain, 1)
             if rep:
                 for k in kinds:
@@ -184,11 +186,20 @@ def measure_costs(target, context: list[int], repeats: int) -> dict:
             pipe.append(p1)
             dec.append(d1)
     med = statistics.median
-    return {"decode": med(dec), "decode_pipelined": med(pipe), "max_logit_diff": diff,
-            "widths": {t: {k: med(v) for k, v in ratios[t].items()} |
-                       {"tree_over_chain": med([a / b for a, b in zip(ratios[t]["script_tree"],
-                                                                       ratios[t]["script_chain"])])}
-                       for t in WIDTHS}}
+    return {
+        "decode": med(dec),
+        "decode_pipelined": med(pipe),
+        "max_logit_diff": diff,
+        "widths": {
+            t: {k: med(v) for k, v in ratios[t].items()}
+            | {
+                "tree_over_chain": med(
+                    [a / b for a, b in zip(ratios[t]["script_tree"], ratios[t]["script_chain"])]
+                )
+            }
+            for t in WIDTHS
+        },
+    }
 
 
 # -- 2. what a second branch adds, by replay --------------------------------------------------
@@ -201,8 +212,10 @@ def second_branch(sam, state: int, main: list[int], budget: int) -> tuple[int, l
     for j, tok in enumerate(main):
         children = sam.nxt[state]
         if len(children) > 1:
-            ranked = sorted(((sam.count[c], sam.end[c], t, c) for t, c in children.items() if t != tok and t >= 0),
-                            reverse=True)
+            ranked = sorted(
+                ((sam.count[c], sam.end[c], t, c) for t, c in children.items() if t != tok and t >= 0),
+                reverse=True,
+            )
             if not ranked:
                 return -1, []
             _, _, alt, child = ranked[0]
@@ -258,7 +271,12 @@ def replay_tree(stream: Stream, memory: DraftMemory, cost: CostModel, branch: in
         proposer.update(tokens, len(drafts), accepted, {})
         seconds += t
     proposer.finish(tokens)
-    return {"seconds": seconds, "baseline": cost(1) * len(out) + cost.restart, "gained": gained, "tokens": len(out)}
+    return {
+        "seconds": seconds,
+        "baseline": cost(1) * len(out) + cost.restart,
+        "gained": gained,
+        "tokens": len(out),
+    }
 
 
 def main() -> None:
@@ -284,8 +302,10 @@ def main() -> None:
         print("| nodes T | model chain | script chain | script tree (2 branches) | tree / script chain |")
         print("|---:|---:|---:|---:|---:|")
         for t, row in costs["widths"].items():
-            print(f"| {t} | {row['model_chain']:.2f} | {row['script_chain']:.2f} | "
-                  f"{row['script_tree']:.2f} | {row['tree_over_chain']:.3f} |")
+            print(
+                f"| {t} | {row['model_chain']:.2f} | {row['script_chain']:.2f} | "
+                f"{row['script_tree']:.2f} | {row['tree_over_chain']:.3f} |"
+            )
         ratio = {t: row["tree_over_chain"] for t, row in costs["widths"].items()}
 
     def tree_ratio(width: int) -> float:
@@ -293,7 +313,9 @@ def main() -> None:
             return 1.0
         return ratio[min(ratio, key=lambda t: abs(t - width))]
 
-    print("\n| kind | chain (modelled) | tree, branch <= 2 | tree, branch <= 4 | tree, branch <= 8 | tokens gained (B 4) |")
+    print(
+        "\n| kind | chain (modelled) | tree, branch <= 2 | tree, branch <= 4 | tree, branch <= 8 | tokens gained (B 4) |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
     replay_rows = {}
     for kind in dict.fromkeys(s.kind for s in streams):
@@ -311,10 +333,18 @@ def main() -> None:
                     gained += r["gained"]
                     total += r["tokens"]
             cells.append(sum(xs) / len(xs))
-        replay_rows[kind] = {"chain": cells[0], "tree_b2": cells[1], "tree_b4": cells[2], "tree_b8": cells[3],
-                             "gained_b4": gained, "tokens": total}
-        print(f"| {kind} | {cells[0]:.2f}x | {cells[1]:.2f}x | {cells[2]:.2f}x | {cells[3]:.2f}x | "
-              f"{gained} of {total} |")
+        replay_rows[kind] = {
+            "chain": cells[0],
+            "tree_b2": cells[1],
+            "tree_b4": cells[2],
+            "tree_b8": cells[3],
+            "gained_b4": gained,
+            "tokens": total,
+        }
+        print(
+            f"| {kind} | {cells[0]:.2f}x | {cells[1]:.2f}x | {cells[2]:.2f}x | {cells[3]:.2f}x | "
+            f"{gained} of {total} |"
+        )
     result["replay"] = replay_rows
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:

@@ -15,7 +15,11 @@ from pathlib import Path
 
 import hf2q_py
 
-drafter = sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).parent.parent / "drafters" / "smollm2-135m-dflash")
+drafter = (
+    sys.argv[1]
+    if len(sys.argv) > 1
+    else str(Path(__file__).parent.parent / "drafters" / "smollm2-135m-dflash")
+)
 target = hf2q_py.load()
 prompt = (
     "Rename `total` to `acc` throughout this function. Reply with the full function only.\n\n"

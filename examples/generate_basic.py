@@ -1,6 +1,6 @@
 """Plain greedy generation with the Python API (built-in model unless a path is given).
 
-    python examples/generate_basic.py [MODEL]
+python examples/generate_basic.py [MODEL]
 """
 
 import sys

@@ -1,6 +1,6 @@
 """Prompt-lookup (n-gram) speculative decoding, side by side with plain decoding.
 
-    python examples/ngram_speculation.py
+python examples/ngram_speculation.py
 """
 
 from pathlib import Path

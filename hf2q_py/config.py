@@ -35,12 +35,16 @@ class SpecConfig:
     ngram_max: int = _default("ngram_max")
     draft: Any = _default("draft")  # draft model: a Target or a load() source
     draft_p_min: float = _default("draft_p_min")
-    draft_suffix_depth: int = _default("draft_suffix_depth")  # draft method: copy where the match is this deep
+    draft_suffix_depth: int = _default(
+        "draft_suffix_depth"
+    )  # draft method: copy where the match is this deep
     skip_layers: Sequence[int] | str | None = _default("skip_layers")
     drafter: Any = _default("drafter")  # DFlash block drafter: a Drafter or a folder path
     ngram_proposer: str = _default("ngram_proposer")  # "suffix" (automaton) or "lookup" (prompt lookup)
     memory: bool = _default("memory")  # suffix proposer: draft from the Target's earlier generations
-    suffix_min_prob: float = _default("suffix_min_prob")  # suffix proposer: stop a draft below this probability
+    suffix_min_prob: float = _default(
+        "suffix_min_prob"
+    )  # suffix proposer: stop a draft below this probability
 
     def validate(self) -> None:
         validate_spec(self)

@@ -30,6 +30,7 @@ from .target import Runtime, Target
 CLEAR_CACHE_EVERY = 256
 DEFAULT_POLICY_K = 8
 
+
 def generate_tokens(
     target: Target,
     prompt: Sequence[int],

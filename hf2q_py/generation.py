@@ -53,7 +53,9 @@ def encode_prompt(target: Target, prompt: str | Sequence[int], chat_template: bo
         if tok is None:
             raise Hf2qError("this model has no tokenizer: pass the prompt as a list of token ids")
         if chat_template and getattr(tok, "has_chat_template", False):
-            ids = list(tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True))
+            ids = list(
+                tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+            )
         else:
             ids = list(tok.encode(prompt))
         if not ids:
@@ -109,7 +111,9 @@ def _split_options(options: dict[str, Any]) -> GenerationConfig:
         raise Hf2qError(f"unknown option(s): {', '.join(sorted(unknown))}")
     if isinstance(gen_opts.get("stop"), str):
         gen_opts["stop"] = (gen_opts["stop"],)
-    config = GenerationConfig(spec=SpecConfig(**spec_opts), sampling=SamplingConfig(**sampling_opts), **gen_opts)
+    config = GenerationConfig(
+        spec=SpecConfig(**spec_opts), sampling=SamplingConfig(**sampling_opts), **gen_opts
+    )
     config.validate()
     return config
 
@@ -200,7 +204,7 @@ def _stream(
             # hold back what a stop string might still claim: its text and its tokens
             safe = max(sent, len(text) - hold) if stops else len(text)
             ready = [t for t, start in pending if start < safe or not stops]
-            pending = pending[len(ready):]
+            pending = pending[len(ready) :]
             yield GenerationChunk(text[sent:safe], ready, stats)
             sent = safe
         if detok is not None:

@@ -80,8 +80,12 @@ def parse_item(method: Method, item: str, text: str = "") -> tuple[str, Any]:
     word = _WORDS.get(key)
     option = OPTIONS.get(key) or (word[0] if word else None)
     if option is None:
-        hint = " (sampling is one setting for all methods: --temp, --seed, ...)" if key in SAMPLING_KEYS else ""
-        raise Hf2qError(f"unknown method option {key!r} in {text!r}; {method.name} takes {allowed(method)}{hint}")
+        hint = (
+            " (sampling is one setting for all methods: --temp, --seed, ...)" if key in SAMPLING_KEYS else ""
+        )
+        raise Hf2qError(
+            f"unknown method option {key!r} in {text!r}; {method.name} takes {allowed(method)}{hint}"
+        )
     if option.name not in method.options:
         raise Hf2qError(f"{foreign_option(option.name, method)} (in {text!r})")
     if word is not None and key not in OPTIONS:

@@ -93,35 +93,102 @@ def _check_skip(value: Any) -> None:
 
 NGRAM_PROPOSERS = ("suffix", "lookup")
 
-OPTIONS: dict[str, Option] = {o.name: o for o in (
-    Option("k", "int", None, f"most drafts per round, in [1, {MAX_K}] (default: the method's)", _check_k),
-    Option("adaptive", "bool", True, "choose K in [0, k] each round from measured acceptance and cost (default); "
-           "off: always draft up to k", lambda v: check_bool("adaptive", v), flag="--adaptive",
-           off_flag="--fixed-k", words={"fixed": False}),
-    Option("ngram_proposer", "choice", "suffix", "n-gram drafts from a suffix automaton with counts (suffix, "
-           "the default) or prompt lookup (lookup)", _check_choice("ngram_proposer", "n-gram proposer",
-           NGRAM_PROPOSERS), choices=NGRAM_PROPOSERS),
-    Option("ngram_min", "int", 1, f"shortest match that drafts, in [1, {MAX_NGRAM}]",
-           lambda v: check_int("ngram-min", v, 1, MAX_NGRAM)),
-    Option("ngram_max", "int", DEFAULT_MAX_N, f"longest n-gram looked up (lookup proposer), in [1, {MAX_NGRAM}] "
-           f"(default {DEFAULT_MAX_N})", lambda v: check_int("ngram-max", v, 1, MAX_NGRAM)),
-    Option("memory", "bool", True, "suffix proposer: draft from the Target's earlier generations too (default on)",
-           lambda v: check_bool("memory", v)),
-    Option("suffix_min_prob", "float", SuffixOptions.min_prob, "suffix proposer: stop a draft where its estimated "
-           f"probability falls below this, in [0, 1] (default {SuffixOptions.min_prob})",
-           lambda v: check_float("suffix-min-prob", v, 0.0, 1.0)),
-    Option("draft", "text", None, "the draft model: a GGUF file, model folder or cached repo id (Python: also a "
-           "Target)", _check_draft, flag="--draft-model", noun="a draft model"),
-    Option("draft_p_min", "float", 0.0, "stop drafting when the draft model's top probability falls below this, "
-           "in [0, 1)", lambda v: check_float("draft-p-min", v, 0.0, 1.0, hi_open=True)),
-    Option("draft_suffix_depth", "int", 0, "draft method: where the context's end occurred earlier at least this "
-           "many tokens deep, copy it (suffix proposer, no draft forward) instead of running the draft model; "
-           "0: off (default)", lambda v: check_int("draft-suffix-depth", v, 0)),
-    Option("skip_layers", "layers", None, "layers to skip: auto (default), alternate, early:N, middle:N or layer ids "
-           "([3,5,7] in a method spec, 3,5,7 after --skip-layers)", _check_skip),
-    Option("drafter", "text", None, "the DFlash drafter folder (Python: also a Drafter)", _check_drafter,
-           noun="a drafter"),
-)}
+OPTIONS: dict[str, Option] = {
+    o.name: o
+    for o in (
+        Option("k", "int", None, f"most drafts per round, in [1, {MAX_K}] (default: the method's)", _check_k),
+        Option(
+            "adaptive",
+            "bool",
+            True,
+            "choose K in [0, k] each round from measured acceptance and cost (default); "
+            "off: always draft up to k",
+            lambda v: check_bool("adaptive", v),
+            flag="--adaptive",
+            off_flag="--fixed-k",
+            words={"fixed": False},
+        ),
+        Option(
+            "ngram_proposer",
+            "choice",
+            "suffix",
+            "n-gram drafts from a suffix automaton with counts (suffix, "
+            "the default) or prompt lookup (lookup)",
+            _check_choice("ngram_proposer", "n-gram proposer", NGRAM_PROPOSERS),
+            choices=NGRAM_PROPOSERS,
+        ),
+        Option(
+            "ngram_min",
+            "int",
+            1,
+            f"shortest match that drafts, in [1, {MAX_NGRAM}]",
+            lambda v: check_int("ngram-min", v, 1, MAX_NGRAM),
+        ),
+        Option(
+            "ngram_max",
+            "int",
+            DEFAULT_MAX_N,
+            f"longest n-gram looked up (lookup proposer), in [1, {MAX_NGRAM}] (default {DEFAULT_MAX_N})",
+            lambda v: check_int("ngram-max", v, 1, MAX_NGRAM),
+        ),
+        Option(
+            "memory",
+            "bool",
+            True,
+            "suffix proposer: draft from the Target's earlier generations too (default on)",
+            lambda v: check_bool("memory", v),
+        ),
+        Option(
+            "suffix_min_prob",
+            "float",
+            SuffixOptions.min_prob,
+            "suffix proposer: stop a draft where its estimated "
+            f"probability falls below this, in [0, 1] (default {SuffixOptions.min_prob})",
+            lambda v: check_float("suffix-min-prob", v, 0.0, 1.0),
+        ),
+        Option(
+            "draft",
+            "text",
+            None,
+            "the draft model: a GGUF file, model folder or cached repo id (Python: also a Target)",
+            _check_draft,
+            flag="--draft-model",
+            noun="a draft model",
+        ),
+        Option(
+            "draft_p_min",
+            "float",
+            0.0,
+            "stop drafting when the draft model's top probability falls below this, in [0, 1)",
+            lambda v: check_float("draft-p-min", v, 0.0, 1.0, hi_open=True),
+        ),
+        Option(
+            "draft_suffix_depth",
+            "int",
+            0,
+            "draft method: where the context's end occurred earlier at least this "
+            "many tokens deep, copy it (suffix proposer, no draft forward) instead of running the draft model; "
+            "0: off (default)",
+            lambda v: check_int("draft-suffix-depth", v, 0),
+        ),
+        Option(
+            "skip_layers",
+            "layers",
+            None,
+            "layers to skip: auto (default), alternate, early:N, middle:N or layer ids "
+            "([3,5,7] in a method spec, 3,5,7 after --skip-layers)",
+            _check_skip,
+        ),
+        Option(
+            "drafter",
+            "text",
+            None,
+            "the DFlash drafter folder (Python: also a Drafter)",
+            _check_drafter,
+            noun="a drafter",
+        ),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -149,20 +216,43 @@ class Method:
 
 _SPECULATIVE = ("k", "adaptive")
 
-METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("baseline", "plain decoding, one token per forward", default_k=0),
-    Method("ngram", "copies from the context and earlier generations (suffix automaton, or prompt lookup)",
-           (*_SPECULATIVE, "ngram_proposer", "ngram_min", "ngram_max", "memory", "suffix_min_prob"),
-           default_k=lambda spec: 32 if spec.ngram_proposer == "suffix" else 16,
-           build=".proposers.ngram:build", check=lambda spec: validate_ngram(spec.ngram_min, spec.ngram_max)),
-    Method("draft", "a small model with the target's tokenizer", (*_SPECULATIVE, "draft", "draft_p_min", "draft_suffix_depth",
-                                                                "memory", "suffix_min_prob"),
-           required=("draft",), build=".proposers.draft_model:build", draws_drafts=True),
-    Method("layerskip", "the target with some layers skipped (self-speculation)", (*_SPECULATIVE, "skip_layers"),
-           build=".proposers.layer_skip:build", draws_drafts=True),
-    Method("dflash", "a block drafter reading the target's hidden states", (*_SPECULATIVE, "drafter"),
-           required=("drafter",), build=".proposers.dflash:build", draws_drafts=True),
-)}
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method("baseline", "plain decoding, one token per forward", default_k=0),
+        Method(
+            "ngram",
+            "copies from the context and earlier generations (suffix automaton, or prompt lookup)",
+            (*_SPECULATIVE, "ngram_proposer", "ngram_min", "ngram_max", "memory", "suffix_min_prob"),
+            default_k=lambda spec: 32 if spec.ngram_proposer == "suffix" else 16,
+            build=".proposers.ngram:build",
+            check=lambda spec: validate_ngram(spec.ngram_min, spec.ngram_max),
+        ),
+        Method(
+            "draft",
+            "a small model with the target's tokenizer",
+            (*_SPECULATIVE, "draft", "draft_p_min", "draft_suffix_depth", "memory", "suffix_min_prob"),
+            required=("draft",),
+            build=".proposers.draft_model:build",
+            draws_drafts=True,
+        ),
+        Method(
+            "layerskip",
+            "the target with some layers skipped (self-speculation)",
+            (*_SPECULATIVE, "skip_layers"),
+            build=".proposers.layer_skip:build",
+            draws_drafts=True,
+        ),
+        Method(
+            "dflash",
+            "a block drafter reading the target's hidden states",
+            (*_SPECULATIVE, "drafter"),
+            required=("drafter",),
+            build=".proposers.dflash:build",
+            draws_drafts=True,
+        ),
+    )
+}
 
 
 def method_named(name: Any) -> Method:
@@ -183,8 +273,10 @@ def validate_spec(spec: SpecConfig) -> None:
             raise Hf2qError(foreign_option(option.name, method))
     for name in method.required:
         if getattr(spec, name) is None:
-            raise Hf2qError(f"method {method.name!r} needs {OPTIONS[name].noun}: give {OPTIONS[name].cli_flag} PATH "
-                            f"or {name}=PATH in the method spec (Python: {name}=...)")
+            raise Hf2qError(
+                f"method {method.name!r} needs {OPTIONS[name].noun}: give {OPTIONS[name].cli_flag} PATH "
+                f"or {name}=PATH in the method spec (Python: {name}=...)"
+            )
     if method.check is not None:
         method.check(spec)
 
@@ -192,8 +284,10 @@ def validate_spec(spec: SpecConfig) -> None:
 def foreign_option(name: str, method: Method) -> str:
     """The message for an option that another method takes."""
     owners = [m.name for m in METHODS.values() if name in m.options]
-    return (f"option {name!r} belongs to {', '.join(owners)}, not to {method.name}; "
-            f"{method.name} takes {allowed(method)}")
+    return (
+        f"option {name!r} belongs to {', '.join(owners)}, not to {method.name}; "
+        f"{method.name} takes {allowed(method)}"
+    )
 
 
 def allowed(method: Method) -> str:

@@ -186,8 +186,13 @@ class RecurrentLog:
                     )
             n_keep = conv_input.shape[1] - length
             conv_slot = next(
-                (s for s, v in enumerate(cache.cache)
-                 if s != state_slot and v is not None and tuple(v.shape) == (conv_input.shape[0], n_keep, conv_input.shape[2])),
+                (
+                    s
+                    for s, v in enumerate(cache.cache)
+                    if s != state_slot
+                    and v is not None
+                    and tuple(v.shape) == (conv_input.shape[0], n_keep, conv_input.shape[2])
+                ),
                 None,
             )
             unknown = [s for s in range(len(cache.cache)) if s not in (conv_slot, state_slot)]

@@ -173,7 +173,10 @@ class Sampler(Greedy):
 
     def draw(self, p: mx.array, position: int, purpose: int = _SAMPLE) -> mx.array:
         """Gumbel-max samples from the rows of ``p``, row i keyed at ``position + i``."""
-        noise = [mx.random.gumbel(shape=p.shape[-1:], key=self.key(position + i, purpose)) for i in range(p.shape[0])]
+        noise = [
+            mx.random.gumbel(shape=p.shape[-1:], key=self.key(position + i, purpose))
+            for i in range(p.shape[0])
+        ]
         return mx.argmax(mx.log(p) + mx.stack(noise), axis=-1)
 
     def next_token(self, logits: mx.array, context: Sequence[int], ahead: int = 0) -> mx.array:

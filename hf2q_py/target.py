@@ -167,13 +167,16 @@ class Runtime:
         if x.ndim == 1:
             x = x[None]
         keep = {"all": None, "last": slice(-1, None), "none": slice(-1, None)}[logits]
-        with tapped(
-            self.model,
-            capture_layers=capture_layers,
-            capture_final=capture_final,
-            keep_positions=keep,
-            skip_layers=skip_layers,
-        ) as rec, self._recording(x.shape[1]):
+        with (
+            tapped(
+                self.model,
+                capture_layers=capture_layers,
+                capture_final=capture_final,
+                keep_positions=keep,
+                skip_layers=skip_layers,
+            ) as rec,
+            self._recording(x.shape[1]),
+        ):
             out = self.model(x, cache=self.cache)
         self.offset += x.shape[1]
         if self.target._decoder is None and keep is not None:
@@ -235,7 +238,9 @@ class Runtime:
         if n < 0 or n > self.offset:
             raise ValueError(f"cannot trim {n} positions from a cache of {self.offset}")
         skipped = set(skip_layers)
-        trim_cache([c for i, c in enumerate(self.cache) if i not in skipped and not isinstance(c, ArraysCache)], n)
+        trim_cache(
+            [c for i, c in enumerate(self.cache) if i not in skipped and not isinstance(c, ArraysCache)], n
+        )
         if self.recurrent is not None:
             self.recurrent.trim(n)
         self.offset -= n

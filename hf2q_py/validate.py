@@ -19,8 +19,13 @@ def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = Non
 
 
 def check_float(
-    name: str, value: Any, lo: float | None = None, hi: float | None = None, *,
-    lo_open: bool = False, hi_open: bool = False,
+    name: str,
+    value: Any,
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    lo_open: bool = False,
+    hi_open: bool = False,
 ) -> float:
     """A finite real number in the range (``lo_open``/``hi_open``: bound excluded)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -90,8 +95,10 @@ def check_skip_layers(spec: Any) -> None:
         if not items or not all(_is_number(x) for x in items):
             raise Hf2qError(f"bad skip layers {spec!r}: use {SKIP_RECIPES}")
         return
-    if isinstance(spec, (list, tuple)) and spec and all(
-        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in spec
+    if (
+        isinstance(spec, (list, tuple))
+        and spec
+        and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in spec)
     ):
         return
     raise Hf2qError(f"skip layers must be {SKIP_RECIPES} (or a list of layer ids), got {spec!r}")

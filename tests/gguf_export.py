@@ -22,8 +22,14 @@ Q = gguf.GGMLQuantizationType
 VOCAB = 400  # the trained SentencePiece vocabulary's size
 
 _BASE = dict(
-    hidden_size=64, num_hidden_layers=4, intermediate_size=128, num_attention_heads=4,
-    num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=VOCAB, rope_theta=10000.0,
+    hidden_size=64,
+    num_hidden_layers=4,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-5,
+    vocab_size=VOCAB,
+    rope_theta=10000.0,
     max_position_embeddings=4096,
 )
 _GEMMA = dict(_BASE, num_attention_heads=2, num_key_value_heads=1, head_dim=32, rms_norm_eps=1e-6)
@@ -31,38 +37,79 @@ _GEMMA = dict(_BASE, num_attention_heads=2, num_key_value_heads=1, head_dim=32, 
 #: name -> (GGUF architecture, mlx-lm config)
 EXPORTS = {
     "llama": ("llama", dict(_BASE, model_type="llama", tie_word_embeddings=True)),
-    "llama3-rope": ("llama", dict(
-        _BASE, model_type="llama", tie_word_embeddings=False, rope_theta=500000.0,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                      "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
-    )),
+    "llama3-rope": (
+        "llama",
+        dict(
+            _BASE,
+            model_type="llama",
+            tie_word_embeddings=False,
+            rope_theta=500000.0,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        ),
+    ),
     # Mistral checkpoints convert to the llama architecture; head_dim set apart from hidden/heads.
     "mistral": ("llama", dict(_BASE, model_type="llama", head_dim=32, tie_word_embeddings=False)),
     "qwen2": ("qwen2", dict(_BASE, model_type="qwen2", tie_word_embeddings=False)),
     "qwen3": ("qwen3", dict(_BASE, model_type="qwen3", head_dim=16, tie_word_embeddings=True)),
     "phi3": ("phi3", dict(_BASE, model_type="phi3", tie_word_embeddings=False)),
-    "gemma2": ("gemma2", dict(
-        _GEMMA, model_type="gemma2", query_pre_attn_scalar=32, attn_logit_softcapping=50.0,
-        final_logit_softcapping=30.0,
-    )),
-    "gemma3": ("gemma3", dict(
-        _GEMMA, model_type="gemma3_text", num_hidden_layers=6, sliding_window=8,
-        sliding_window_pattern=6, query_pre_attn_scalar=32, rope_local_base_freq=10000.0,
-        rope_theta=1000000.0,
-    )),
-    "gemma3-linear-rope": ("gemma3", dict(
-        _GEMMA, model_type="gemma3_text", num_hidden_layers=6, sliding_window=8,
-        sliding_window_pattern=3, query_pre_attn_scalar=32, rope_local_base_freq=10000.0,
-        rope_theta=1000000.0, rope_scaling={"rope_type": "linear", "factor": 8.0},
-    )),
+    "gemma2": (
+        "gemma2",
+        dict(
+            _GEMMA,
+            model_type="gemma2",
+            query_pre_attn_scalar=32,
+            attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0,
+        ),
+    ),
+    "gemma3": (
+        "gemma3",
+        dict(
+            _GEMMA,
+            model_type="gemma3_text",
+            num_hidden_layers=6,
+            sliding_window=8,
+            sliding_window_pattern=6,
+            query_pre_attn_scalar=32,
+            rope_local_base_freq=10000.0,
+            rope_theta=1000000.0,
+        ),
+    ),
+    "gemma3-linear-rope": (
+        "gemma3",
+        dict(
+            _GEMMA,
+            model_type="gemma3_text",
+            num_hidden_layers=6,
+            sliding_window=8,
+            sliding_window_pattern=3,
+            query_pre_attn_scalar=32,
+            rope_local_base_freq=10000.0,
+            rope_theta=1000000.0,
+            rope_scaling={"rope_type": "linear", "factor": 8.0},
+        ),
+    ),
 }
 
 _LAYER = {
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
-    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-    "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "self_attn.qkv_proj": "attn_qkv",
+    "mlp.gate_up_proj": "ffn_up",
 }
 _LLAMA_NORMS = {"post_attention_layernorm": "ffn_norm"}
 _GEMMA_NORMS = {

@@ -41,11 +41,24 @@ def trained(space_prefix: bool) -> bytes:
     """A serialized SentencePiece BPE model; ``space_prefix`` is its ``add_dummy_prefix``."""
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(TRAIN * 30), model_writer=buf, vocab_size=400, model_type="bpe",
-        byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
-        add_dummy_prefix=space_prefix, user_defined_symbols=USER_DEFINED, control_symbols=CONTROL,
-        split_by_whitespace=False, allow_whitespace_only_pieces=True, bos_id=1, eos_id=2, unk_id=0,
-        pad_id=-1, minloglevel=2, hard_vocab_limit=False,
+        sentence_iterator=iter(TRAIN * 30),
+        model_writer=buf,
+        vocab_size=400,
+        model_type="bpe",
+        byte_fallback=True,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        add_dummy_prefix=space_prefix,
+        user_defined_symbols=USER_DEFINED,
+        control_symbols=CONTROL,
+        split_by_whitespace=False,
+        allow_whitespace_only_pieces=True,
+        bos_id=1,
+        eos_id=2,
+        unk_id=0,
+        pad_id=-1,
+        minloglevel=2,
+        hard_vocab_limit=False,
     )
     return buf.getvalue()
 

@@ -88,12 +88,19 @@ def test_run_ab_reports_a_real_difference_where_it_is():
     plain = hf2q_py.generate(target, prompt, max_tokens=30).tokens
     other = hf2q_py.generate(target, prompt, max_tokens=30, repetition_penalty=3.0).tokens
     first = next(i for i, (a, b) in enumerate(zip(plain, other)) if a != b)
-    results, noise = run_ab(target, [("p", prompt)], [("penalty", dict(repetition_penalty=3.0)),
-                                                        ("ngram", dict(method="ngram", k=4))], max_tokens=30)
+    results, noise = run_ab(
+        target,
+        [("p", prompt)],
+        [("penalty", dict(repetition_penalty=3.0)), ("ngram", dict(method="ngram", k=4))],
+        max_tokens=30,
+    )
     penalty, ngram = results
     assert penalty.verdict == "MISMATCH"
-    assert (penalty.divergence.position, penalty.divergence.baseline_token, penalty.divergence.method_token) == (
-        first, plain[first], other[first])
+    assert (
+        penalty.divergence.position,
+        penalty.divergence.baseline_token,
+        penalty.divergence.method_token,
+    ) == (first, plain[first], other[first])
     assert ngram.verdict == "identical" and ngram.baseline_tokens == len(plain)
 
 
@@ -105,9 +112,11 @@ def test_mlx_lm_speculation_past_the_window_is_a_mismatch_and_ours_is_not():
     results, noise = run_ab(
         target,
         [("p", prompt)],
-        [("draft", dict(method="draft", draft=draft, k=4, adaptive=False, draft_p_min=0.0)),
-         ("ngram", dict(method="ngram", k=4)),
-         ("mlx-lm-draft", dict(draft=draft, k=4))],
+        [
+            ("draft", dict(method="draft", draft=draft, k=4, adaptive=False, draft_p_min=0.0)),
+            ("ngram", dict(method="ngram", k=4)),
+            ("mlx-lm-draft", dict(draft=draft, k=4)),
+        ],
         max_tokens=60,
     )
     verdict = {r.method: r.verdict for r in results}
@@ -136,7 +145,9 @@ def cached_target(arch, scale):
     eos_at=st.one_of(st.none(), st.integers(0, 39)),
     seed=st.integers(0, 1000),
 )
-def test_fuzz_every_method_equals_the_baseline(arch, scale, prompt_len, max_tokens, k, method, adaptive, eos_at, seed):
+def test_fuzz_every_method_equals_the_baseline(
+    arch, scale, prompt_len, max_tokens, k, method, adaptive, eos_at, seed
+):
     target = cached_target(arch, scale)
     prompt = random_prompt(prompt_len, seed)
     free = hf2q_py.generate(target, prompt, max_tokens=max_tokens).tokens
@@ -166,9 +177,26 @@ def test_cli_ab_on_the_builtin_model(tmp_path):
     prompts.write_text(json.dumps({"prompt": "Repeat after me: one two three, one two three."}) + "\n")
     md = tmp_path / "ab.md"
     proc = subprocess.run(
-        [sys.executable, "-m", "hf2q_py", "ab", "--methods", "ngram,layerskip", "--prompts", str(prompts),
-         "--max-tokens", "24", "--skip-layers", "middle:6", "--markdown", str(md), "--json"],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "hf2q_py",
+            "ab",
+            "--methods",
+            "ngram,layerskip",
+            "--prompts",
+            str(prompts),
+            "--max-tokens",
+            "24",
+            "--skip-layers",
+            "middle:6",
+            "--markdown",
+            str(md),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)

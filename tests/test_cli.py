@@ -50,7 +50,10 @@ def test_corrupt_and_unknown_model_files(tmp_path):
     odd = tmp_path / "odd.gguf"
     w = gguf.GGUFWriter(str(odd), "rwkv6")
     w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     assert_one_line_error(run("generate", "--prompt", "hi", "--model", str(odd)), "rwkv6", "not supported")
 
 
@@ -61,8 +64,17 @@ def test_json_output_on_the_builtin_model():
     out = json.loads(proc.stdout)
     assert set(out) >= {"text", "tokens", "prompt_tokens", "stats"}
     assert len(out["tokens"]) <= 6 and out["prompt_tokens"] > 0
-    for key in ("generated_tokens", "prefill_seconds", "decode_seconds", "tokens_per_second",
-                "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length"):
+    for key in (
+        "generated_tokens",
+        "prefill_seconds",
+        "decode_seconds",
+        "tokens_per_second",
+        "rounds",
+        "drafted",
+        "accepted",
+        "acceptance_rate",
+        "mean_accepted_length",
+    ):
         assert key in out["stats"]
 
 

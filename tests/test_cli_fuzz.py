@@ -53,7 +53,9 @@ def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("fuzz")
     (root / "prompt.txt").write_text("Say hi.")
     (root / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
-    (root / "prompts.jsonl").write_text("\n".join(json.dumps(p) for p in ["Say hi.", {"prompt": "Count to 3."}, "x"]))
+    (root / "prompts.jsonl").write_text(
+        "\n".join(json.dumps(p) for p in ["Say hi.", {"prompt": "Count to 3."}, "x"])
+    )
     (root / "bad.jsonl").write_text('{"prompt": 5}\nnot json\n')
     (root / "corrupt.gguf").write_bytes(b"GGUF" + b"\x00" * 60)
     (root / "empty-folder").mkdir()
@@ -64,7 +66,12 @@ def files(tmp_path_factory):
     (model_folder / "config.json").write_text("{}")
     return {
         "prompt": [str(root / "prompt.txt"), str(root / "latin1.txt"), str(root / "missing.txt"), str(root)],
-        "prompts": [str(root / "prompts.jsonl"), str(root / "bad.jsonl"), str(root / "latin1.txt"), "/no/such"],
+        "prompts": [
+            str(root / "prompts.jsonl"),
+            str(root / "bad.jsonl"),
+            str(root / "latin1.txt"),
+            "/no/such",
+        ],
         "model": [str(root / "corrupt.gguf"), str(root / "empty-folder"), "/no/such.gguf", "no/such-repo"],
         "draft": [str(builtin_model_path()), str(root / "corrupt.gguf"), "/no/such"],
         "drafter": [str(root / "drafter"), str(root / "empty-folder"), "/no/such"],
@@ -81,54 +88,136 @@ def flag(name: str, values) -> st.SearchStrategy[list[str]]:
 def command_lines(files) -> st.SearchStrategy[list[str]]:
     spec = [
         flag("--method", ["baseline", "ngram", "draft", "layerskip", "dflash", "magic", ""]),
-        flag("--k", INTS), flag("--ngram-min", INTS), flag("--ngram-max", INTS),
-        flag("--draft-model", files["draft"]), flag("--draft-p-min", FLOATS), flag("--skip-layers", SKIPS),
-        flag("--drafter", files["drafter"]), flag("--temp", FLOATS), flag("--top-p", FLOATS),
-        flag("--top-k", INTS), flag("--min-p", FLOATS), flag("--seed", INTS), flag("--repetition-penalty", FLOATS),
+        flag("--k", INTS),
+        flag("--ngram-min", INTS),
+        flag("--ngram-max", INTS),
+        flag("--draft-model", files["draft"]),
+        flag("--draft-p-min", FLOATS),
+        flag("--skip-layers", SKIPS),
+        flag("--drafter", files["drafter"]),
+        flag("--temp", FLOATS),
+        flag("--top-p", FLOATS),
+        flag("--top-k", INTS),
+        flag("--min-p", FLOATS),
+        flag("--seed", INTS),
+        flag("--repetition-penalty", FLOATS),
     ]
     common = [flag("--model", files["model"]), flag("--dtype", DTYPES)]
 
-    def build(cmd: str, fixed: list[str], options: list[st.SearchStrategy[list[str]]], flags=("--no-openblas",)):
+    def build(
+        cmd: str, fixed: list[str], options: list[st.SearchStrategy[list[str]]], flags=("--no-openblas",)
+    ):
         return st.lists(st.one_of(*options, st.sampled_from(flags).map(lambda f: [f])), max_size=4).map(
             lambda parts: [cmd, *fixed, *[x for p in parts for x in p]]
         )
 
     generate = st.tuples(st.sampled_from(TEXTS), st.sampled_from(SMALL)).flatmap(
-        lambda pm: build("generate", ["--prompt", pm[0], "--max-tokens", pm[1]], [
-            *spec, *common, flag("--prompt-file", files["prompt"]), flag("--stop", TEXTS),
-        ], GENERATE_FLAGS)
+        lambda pm: build(
+            "generate",
+            ["--prompt", pm[0], "--max-tokens", pm[1]],
+            [
+                *spec,
+                *common,
+                flag("--prompt-file", files["prompt"]),
+                flag("--stop", TEXTS),
+            ],
+            GENERATE_FLAGS,
+        )
     )
     bench = st.tuples(st.sampled_from(["explain", "no-such-workload"]), st.sampled_from(SMALL)).flatmap(
-        lambda om: build("bench", ["--only", om[0], "--max-tokens", om[1]], [
-            *common,
-            flag("--methods", ["ngram", "ngram:k=2,fixed", "ngram:temperature=0.5", "magic", "baseline", "",
-                               "ngram;layerskip:skip_layers=middle:6", "ngram:k=x", "draft", "dflash:drafter=/no"]),
-            flag("--repeats", ["1", "0", "x"]), flag("--temp", FLOATS), flag("--seed", INTS),
-            flag("--markdown", files["out"]), flag("--chart", files["out"]),
-        ])
+        lambda om: build(
+            "bench",
+            ["--only", om[0], "--max-tokens", om[1]],
+            [
+                *common,
+                flag(
+                    "--methods",
+                    [
+                        "ngram",
+                        "ngram:k=2,fixed",
+                        "ngram:temperature=0.5",
+                        "magic",
+                        "baseline",
+                        "",
+                        "ngram;layerskip:skip_layers=middle:6",
+                        "ngram:k=x",
+                        "draft",
+                        "dflash:drafter=/no",
+                    ],
+                ),
+                flag("--repeats", ["1", "0", "x"]),
+                flag("--temp", FLOATS),
+                flag("--seed", INTS),
+                flag("--markdown", files["out"]),
+                flag("--chart", files["out"]),
+            ],
+        )
     )
     ab = st.tuples(st.sampled_from(TEXTS), st.sampled_from(SMALL)).flatmap(
-        lambda pm: build("ab", ["--prompt", pm[0], "--max-tokens", pm[1]], [
-            *common,
-            flag("--methods", ["ngram", "layerskip", "ngram,magic", "draft", "dflash", "mlx-lm-draft", ""]),
-            flag("--prompts", files["prompts"]), flag("--prompt-file", files["prompt"]), flag("--k", INTS),
-            flag("--skip-layers", SKIPS), flag("--markdown", files["out"]), flag("--draft-model", files["draft"]),
-            flag("--drafter", files["drafter"]),
-        ], ("--json", "--no-chat-template", "--no-openblas"))
+        lambda pm: build(
+            "ab",
+            ["--prompt", pm[0], "--max-tokens", pm[1]],
+            [
+                *common,
+                flag(
+                    "--methods", ["ngram", "layerskip", "ngram,magic", "draft", "dflash", "mlx-lm-draft", ""]
+                ),
+                flag("--prompts", files["prompts"]),
+                flag("--prompt-file", files["prompt"]),
+                flag("--k", INTS),
+                flag("--skip-layers", SKIPS),
+                flag("--markdown", files["out"]),
+                flag("--draft-model", files["draft"]),
+                flag("--drafter", files["drafter"]),
+            ],
+            ("--json", "--no-chat-template", "--no-openblas"),
+        )
     )
     train = st.integers(0, 10**9).flatmap(
-        lambda n: build("train-dflash", [
-            "--out", str(files["root"] / f"run-{n}"), "--samples", "2", "--holdout", "1", "--max-new-tokens", "2",
-            "--steps", "2", "--eval-every", "1", "--checkpoint-every", "1", "--layers", "1", "--anchors", "2",
-            "--prompts", files["prompts"][0],
-        ], [
-            flag("--out", files["train_out"]), flag("--prompts", files["prompts"]),
-            flag("--target", files["model"]), flag("--dtype", DTYPES),
-            flag("--samples", SMALL), flag("--holdout", SMALL), flag("--steps", SMALL), flag("--layers", SMALL),
-            flag("--block-size", INTS), flag("--target-layers", ["1,2", "1,x", "-1", "99", "", "0,0"]),
-            flag("--mask-token-id", INTS), flag("--lr", FLOATS), flag("--ce-positions", INTS),
-            flag("--hidden-weight", FLOATS), flag("--max-minutes", FLOATS), flag("--seed", INTS),
-        ], ("--overwrite",))
+        lambda n: build(
+            "train-dflash",
+            [
+                "--out",
+                str(files["root"] / f"run-{n}"),
+                "--samples",
+                "2",
+                "--holdout",
+                "1",
+                "--max-new-tokens",
+                "2",
+                "--steps",
+                "2",
+                "--eval-every",
+                "1",
+                "--checkpoint-every",
+                "1",
+                "--layers",
+                "1",
+                "--anchors",
+                "2",
+                "--prompts",
+                files["prompts"][0],
+            ],
+            [
+                flag("--out", files["train_out"]),
+                flag("--prompts", files["prompts"]),
+                flag("--target", files["model"]),
+                flag("--dtype", DTYPES),
+                flag("--samples", SMALL),
+                flag("--holdout", SMALL),
+                flag("--steps", SMALL),
+                flag("--layers", SMALL),
+                flag("--block-size", INTS),
+                flag("--target-layers", ["1,2", "1,x", "-1", "99", "", "0,0"]),
+                flag("--mask-token-id", INTS),
+                flag("--lr", FLOATS),
+                flag("--ce-positions", INTS),
+                flag("--hidden-weight", FLOATS),
+                flag("--max-minutes", FLOATS),
+                flag("--seed", INTS),
+            ],
+            ("--overwrite",),
+        )
     )
     return st.one_of(generate, bench, ab, train)
 
@@ -147,8 +236,13 @@ def test_the_cli_never_crashes(files):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(hf2q_py, "load", _load)
 
-        @settings(max_examples=50, deadline=None, derandomize=True, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=50,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(argv=command_lines(files))
         def check(argv):
             rc, out, err = run_in_process(argv)

@@ -12,8 +12,21 @@ from models import random_prompt, tiny_target
 
 import hf2q_py
 from hf2q_py.tools.cli import main
-from hf2q_py.proposers.dflash_drafter import TargetHead, check_against_target, drafter_for, load_drafter, save_drafter
-from hf2q_py.tools.dflash_train import TrainConfig, accepted_lengths, block_batch, TrainSequence, target_features, train
+from hf2q_py.proposers.dflash_drafter import (
+    TargetHead,
+    check_against_target,
+    drafter_for,
+    load_drafter,
+    save_drafter,
+)
+from hf2q_py.tools.dflash_train import (
+    TrainConfig,
+    accepted_lengths,
+    block_batch,
+    TrainSequence,
+    target_features,
+    train,
+)
 from hf2q_py.errors import Hf2qError, ModelLoadError
 from hf2q_py.proposers.base import Draft
 from hf2q_py.proposers.dflash import DFlashProposer
@@ -50,17 +63,28 @@ def published_folder(tmp_path, target, *, layers=2, block_size=8, layer_ids=(0, 
     def w(*shape):
         return mx.array(rng.normal(0, 0.5 / shape[-1] ** 0.5, shape).astype(np.float32)).astype(mx.bfloat16)
 
-    weights = {"fc.weight": w(H, len(layer_ids) * H), "hidden_norm.weight": mx.ones((H,)), "norm.weight": mx.ones((H,))}
+    weights = {
+        "fc.weight": w(H, len(layer_ids) * H),
+        "hidden_norm.weight": mx.ones((H,)),
+        "norm.weight": mx.ones((H,)),
+    }
     for i in range(layers):
         p = f"layers.{i}."
-        weights.update({
-            p + "self_attn.q_proj.weight": w(heads * hd, H), p + "self_attn.k_proj.weight": w(kv * hd, H),
-            p + "self_attn.v_proj.weight": w(kv * hd, H), p + "self_attn.o_proj.weight": w(H, heads * hd),
-            p + "self_attn.q_norm.weight": mx.ones((hd,)), p + "self_attn.k_norm.weight": mx.ones((hd,)),
-            p + "mlp.gate_proj.weight": w(inter, H), p + "mlp.up_proj.weight": w(inter, H),
-            p + "mlp.down_proj.weight": w(H, inter),
-            p + "input_layernorm.weight": mx.ones((H,)), p + "post_attention_layernorm.weight": mx.ones((H,)),
-        })
+        weights.update(
+            {
+                p + "self_attn.q_proj.weight": w(heads * hd, H),
+                p + "self_attn.k_proj.weight": w(kv * hd, H),
+                p + "self_attn.v_proj.weight": w(kv * hd, H),
+                p + "self_attn.o_proj.weight": w(H, heads * hd),
+                p + "self_attn.q_norm.weight": mx.ones((hd,)),
+                p + "self_attn.k_norm.weight": mx.ones((hd,)),
+                p + "mlp.gate_proj.weight": w(inter, H),
+                p + "mlp.up_proj.weight": w(inter, H),
+                p + "mlp.down_proj.weight": w(H, inter),
+                p + "input_layernorm.weight": mx.ones((H,)),
+                p + "post_attention_layernorm.weight": mx.ones((H,)),
+            }
+        )
     folder = tmp_path / "drafter"
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps(cfg))
@@ -74,21 +98,27 @@ def test_a_published_format_checkpoint_loads_and_runs(tmp_path):
     drafter = load_drafter(folder)
     assert drafter.config.block_size == 8 and drafter.config.target_layer_ids == (0, 2)
     prompt = random_prompt(12)
-    r = hf2q_py.generate(target, prompt, max_tokens=30, method="dflash", drafter=str(folder), adaptive=False, k=7)
+    r = hf2q_py.generate(
+        target, prompt, max_tokens=30, method="dflash", drafter=str(folder), adaptive=False, k=7
+    )
     assert r.tokens == reference_greedy(target.model, prompt, 30)
     assert r.stats.drafted > 0 and r.stats.method == "dflash"
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma4_text"])
-@pytest.mark.parametrize("shape", [dict(layers=1, block_size=2), dict(layers=2, block_size=5, sliding=True),
-                                   dict(layers=1, block_size=16)])
+@pytest.mark.parametrize(
+    "shape",
+    [dict(layers=1, block_size=2), dict(layers=2, block_size=5, sliding=True), dict(layers=1, block_size=16)],
+)
 def test_random_drafters_are_lossless(tmp_path, arch, shape):
     """gemma4_text's sliding window is 16: prompt + answer run far past it."""
     target = tiny_target(arch, scale=1.5)
     folder = published_folder(tmp_path, target, layer_ids=(1, 3), **shape)
     prompt = random_prompt(20, seed=5)
     for k in sorted({1, shape["block_size"] - 1, 8}):
-        r = hf2q_py.generate(target, prompt, max_tokens=40, method="dflash", drafter=str(folder), adaptive=False, k=k)
+        r = hf2q_py.generate(
+            target, prompt, max_tokens=40, method="dflash", drafter=str(folder), adaptive=False, k=k
+        )
         assert_same_greedy(target.model, prompt, r.tokens, reference_greedy(target.model, prompt, 40))
 
 
@@ -124,7 +154,11 @@ def test_context_bookkeeping_is_exact_whatever_is_accepted(good):
     prompt = random_prompt(10)
     want = reference_greedy(target.model, prompt, 50)
     proposer = OracleDFlash(target, drafter, prompt + want, good)
-    got = [t for new in generate_tokens(target, prompt, max_tokens=50, proposer=proposer, policy=FixedK(7)) for t in new]
+    got = [
+        t
+        for new in generate_tokens(target, prompt, max_tokens=50, proposer=proposer, policy=FixedK(7))
+        for t in new
+    ]
     assert got == want and proposer.checks > 5
 
 
@@ -138,12 +172,21 @@ def test_eos_and_budget_inside_a_block():
     want = reference_greedy(target.model, prompt, 40)
     for budget in (1, 3, 13):
         p = OracleDFlash(target, drafter, prompt + want, 7)
-        got = [t for new in generate_tokens(target, prompt, max_tokens=budget, proposer=p, policy=FixedK(7)) for t in new]
+        got = [
+            t
+            for new in generate_tokens(target, prompt, max_tokens=budget, proposer=p, policy=FixedK(7))
+            for t in new
+        ]
         assert got == want[:budget]
     eos = want[9]
     p = OracleDFlash(target, drafter, prompt + want, 7)
-    got = [t for new in generate_tokens(target, prompt, max_tokens=40, proposer=p, policy=FixedK(7), eos_token_ids=[eos])
-           for t in new]
+    got = [
+        t
+        for new in generate_tokens(
+            target, prompt, max_tokens=40, proposer=p, policy=FixedK(7), eos_token_ids=[eos]
+        )
+        for t in new
+    ]
     assert got == want[: want.index(eos)]
 
 
@@ -161,7 +204,9 @@ def test_training_sees_exactly_what_inference_sees():
     trained = drafter(head.embed(block), feats.astype(mx.float32), block_pos=anchors, ctx_visible=visible)
     for row, a in enumerate(anchors.tolist()):
         cache = drafter.make_cache()
-        drafter(head.embed(block[row : row + 1]), feats[:, : a - 2].astype(mx.float32), cache=cache)  # earlier round
+        drafter(
+            head.embed(block[row : row + 1]), feats[:, : a - 2].astype(mx.float32), cache=cache
+        )  # earlier round
         live = drafter(head.embed(block[row : row + 1]), feats[:, a - 2 : a].astype(mx.float32), cache=cache)
         assert mx.allclose(trained[row], live[0], atol=1e-4).item()
 
@@ -171,15 +216,29 @@ def self_distilled(target, n, answer_tokens):
     rows = []
     for i in range(n):
         p = random_prompt(8, seed=i)
-        rows.append({"prompt_tokens": len(p), "tokens": p + hf2q_py.generate(target, p, max_tokens=answer_tokens).tokens})
+        rows.append(
+            {
+                "prompt_tokens": len(p),
+                "tokens": p + hf2q_py.generate(target, p, max_tokens=answer_tokens).tokens,
+            }
+        )
     return rows
 
 
 def test_training_lowers_the_loss_and_resumes(tmp_path):
     target = tiny_target("llama", scale=3.0)
     rows = self_distilled(target, 10, 40)
-    cfg = TrainConfig(out=str(tmp_path / "d"), steps=40, eval_every=20, checkpoint_every=20, holdout=2,
-                      block_size=4, lr=3e-3, samples=10, target_layer_ids=[1, 2])
+    cfg = TrainConfig(
+        out=str(tmp_path / "d"),
+        steps=40,
+        eval_every=20,
+        checkpoint_every=20,
+        holdout=2,
+        block_size=4,
+        lr=3e-3,
+        samples=10,
+        target_layer_ids=[1, 2],
+    )
     train(target, cfg, rows, progress=False)
     state = json.loads((tmp_path / "d" / "train-state" / "trainer.json").read_text())
     assert state["step"] == 40 and len(state["history"]) == 2
@@ -191,7 +250,9 @@ def test_training_lowers_the_loss_and_resumes(tmp_path):
     # the written folder is a loadable drafter in the published layout
     cfg_json = json.loads((tmp_path / "d" / "config.json").read_text())
     assert cfg_json["dflash_config"]["target_layer_ids"] == [1, 2] and cfg_json["block_size"] == 4
-    r = hf2q_py.generate(target, rows[0]["tokens"][:8], max_tokens=20, method="dflash", drafter=str(tmp_path / "d"))
+    r = hf2q_py.generate(
+        target, rows[0]["tokens"][:8], max_tokens=20, method="dflash", drafter=str(tmp_path / "d")
+    )
     assert r.tokens == rows[0]["tokens"][8:28]
     assert drafter.config.block_size == 4
 
@@ -241,8 +302,12 @@ def test_drafters_made_for_another_target_are_refused(tmp_path):
     with pytest.raises(Hf2qError, match="out of range"):
         hf2q_py.generate(target, [1, 2, 3], max_tokens=4, method="dflash", drafter=str(folder))
     good = load_drafter(published_folder(tmp_path / "b", target)).config
-    for change, message in [(dict(hidden_size=32), "hidden size"), (dict(vocab_size=64), "vocabulary"),
-                            (dict(num_target_layers=12), "12-layer target"), (dict(mask_token_id=500), "mask_token_id")]:
+    for change, message in [
+        (dict(hidden_size=32), "hidden size"),
+        (dict(vocab_size=64), "vocabulary"),
+        (dict(num_target_layers=12), "12-layer target"),
+        (dict(mask_token_id=500), "mask_token_id"),
+    ]:
         with pytest.raises(Hf2qError, match=message):
             check_against_target(dataclasses.replace(good, **change), target)
 
@@ -293,8 +358,17 @@ def test_training_options_are_checked():
 def test_a_time_budget_stops_training_with_a_checkpoint(tmp_path):
     target = tiny_target("llama", scale=3.0)
     rows = self_distilled(target, 6, 20)
-    cfg = TrainConfig(out=str(tmp_path / "d"), steps=10_000, eval_every=1000, checkpoint_every=1000, holdout=1,
-                      block_size=4, samples=6, target_layer_ids=[1, 2], max_minutes=0.0)
+    cfg = TrainConfig(
+        out=str(tmp_path / "d"),
+        steps=10_000,
+        eval_every=1000,
+        checkpoint_every=1000,
+        holdout=1,
+        block_size=4,
+        samples=6,
+        target_layer_ids=[1, 2],
+        max_minutes=0.0,
+    )
     train(target, cfg, rows, progress=False)
     state = json.loads((tmp_path / "d" / "train-state" / "trainer.json").read_text())
     assert state["step"] == 1 and state["history"][-1]["step"] == 1

@@ -14,9 +14,19 @@ S, L, WINDOW = 6, 5, 3  # context positions, block length, sliding window
 
 def tiny_drafter(is_causal=None) -> Drafter:
     cfg = DrafterConfig(
-        hidden_size=8, num_hidden_layers=2, num_attention_heads=1, num_key_value_heads=1, head_dim=8,
-        intermediate_size=16, vocab_size=32, target_layer_ids=(0,), mask_token_id=31, block_size=L,
-        layer_types=("sliding_attention", "full_attention"), sliding_window=WINDOW, is_causal=is_causal,
+        hidden_size=8,
+        num_hidden_layers=2,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=8,
+        intermediate_size=16,
+        vocab_size=32,
+        target_layer_ids=(0,),
+        mask_token_id=31,
+        block_size=L,
+        layer_types=("sliding_attention", "full_attention"),
+        sliding_window=WINDOW,
+        is_causal=is_causal,
     )
     mx.random.seed(1)
     return Drafter(cfg)
@@ -56,11 +66,14 @@ def sliding_bidirectional(q, k):
     return abs(q - k) < WINDOW
 
 
-@pytest.mark.parametrize("is_causal, rules", [
-    (None, (sliding_causal, full_bidirectional)),  # the reference's default
-    (True, (sliding_causal, full_causal)),
-    (False, (sliding_bidirectional, full_bidirectional)),
-])
+@pytest.mark.parametrize(
+    "is_causal, rules",
+    [
+        (None, (sliding_causal, full_bidirectional)),  # the reference's default
+        (True, (sliding_causal, full_causal)),
+        (False, (sliding_bidirectional, full_bidirectional)),
+    ],
+)
 def test_each_layer_kind_attends_as_computed_by_hand(is_causal, rules):
     drafter = tiny_drafter(is_causal)
     block_pos = S + 4  # the block follows a context of S positions ending at block_pos - 1

@@ -14,8 +14,15 @@ from hf2q_py.draft_length import FixedK
 from hf2q_py.engine import generate_tokens
 from hf2q_py.errors import Hf2qError, ModelLoadError
 from hf2q_py.proposers.dflash import DFlashProposer
-from hf2q_py.proposers.dflash_drafter import (DraftVocab, TargetHead, drafter_for, frequency_vocab, load_drafter,
-                                              save_drafter, warm_start_from)
+from hf2q_py.proposers.dflash_drafter import (
+    DraftVocab,
+    TargetHead,
+    drafter_for,
+    frequency_vocab,
+    load_drafter,
+    save_drafter,
+    warm_start_from,
+)
 from hf2q_py.tools.dflash_data import batched_greedy
 from hf2q_py.tools.dflash_train import TrainConfig, train
 
@@ -45,7 +52,14 @@ def with_vocab(target, size, seed=1):
 
 def test_the_vocabulary_ranks_tokens_by_frequency_and_tops_up_in_id_order():
     v = frequency_vocab([[5, 5, 9, 9, 9, 2], [5, 7]], 6, 12)
-    assert v.token_ids == [5, 9, 2, 7, 0, 1]  # 5 and 9 three times (lower id first), then once each, then unseen
+    assert v.token_ids == [
+        5,
+        9,
+        2,
+        7,
+        0,
+        1,
+    ]  # 5 and 9 three times (lower id first), then once each, then unseen
     assert v.index.tolist()[9] == 1 and v.index.tolist()[3] == -1
     full = v.to_full(mx.arange(6, dtype=mx.float32)[None])[0].tolist()
     assert full[5] == 0 and full[9] == 1 and full[1] == 5 and full[3] == float("-inf")
@@ -74,7 +88,11 @@ def test_a_reduced_vocabulary_drafter_is_lossless_and_drafts_only_its_tokens(arc
     want = reference_greedy(target.model, prompt, 40)
     for k in (1, 7):
         p = Recording(target, drafter)
-        got = [t for new in generate_tokens(target, prompt, max_tokens=40, proposer=p, policy=FixedK(k)) for t in new]
+        got = [
+            t
+            for new in generate_tokens(target, prompt, max_tokens=40, proposer=p, policy=FixedK(k))
+            for t in new
+        ]
         assert_same_greedy(target.model, prompt, got, want)
         assert p.drafted and set(p.drafted) <= set(drafter.vocab.token_ids)
 
@@ -83,18 +101,29 @@ def test_the_vocabulary_travels_with_the_drafter_folder(tmp_path):
     target = tiny_target("llama")
     drafter = with_vocab(target, 16)
     save_drafter(drafter, tmp_path / "d")
-    assert json.loads((tmp_path / "d" / "draft_vocab.json").read_text())["token_ids"] == drafter.vocab.token_ids
+    assert (
+        json.loads((tmp_path / "d" / "draft_vocab.json").read_text())["token_ids"] == drafter.vocab.token_ids
+    )
     again = load_drafter(tmp_path / "d")
     assert again.vocab.token_ids == drafter.vocab.token_ids
-    r = hf2q_py.generate(target, random_prompt(10), max_tokens=20, method="dflash", drafter=str(tmp_path / "d"),
-                         adaptive=False, k=4)
+    r = hf2q_py.generate(
+        target,
+        random_prompt(10),
+        max_tokens=20,
+        method="dflash",
+        drafter=str(tmp_path / "d"),
+        adaptive=False,
+        k=4,
+    )
     assert r.tokens == reference_greedy(target.model, random_prompt(10), 20)
     drafter.vocab = None  # saving a full-vocabulary drafter over it removes the file
     save_drafter(drafter, tmp_path / "d")
     assert load_drafter(tmp_path / "d").vocab is None
 
 
-@pytest.mark.parametrize("text", ["[1, 2", '{"token_ids": [1, "x"]}', '{"token_ids": [1, 1]}', '{"ids": [1]}'])
+@pytest.mark.parametrize(
+    "text", ["[1, 2", '{"token_ids": [1, "x"]}', '{"token_ids": [1, 1]}', '{"ids": [1]}']
+)
 def test_malformed_vocabulary_files_are_refused(tmp_path, text):
     target = tiny_target("llama")
     save_drafter(with_vocab(target, 8), tmp_path / "d")
@@ -108,9 +137,20 @@ def test_training_with_a_draft_vocabulary_ranks_the_training_answers(tmp_path):
     rows = []
     for i in range(6):
         p = random_prompt(8, seed=i)
-        rows.append({"prompt_tokens": len(p), "tokens": p + hf2q_py.generate(target, p, max_tokens=30).tokens})
-    cfg = TrainConfig(out=str(tmp_path / "d"), steps=20, eval_every=10, checkpoint_every=10, holdout=1,
-                      block_size=4, samples=6, target_layer_ids=[1, 2], draft_vocab=20)
+        rows.append(
+            {"prompt_tokens": len(p), "tokens": p + hf2q_py.generate(target, p, max_tokens=30).tokens}
+        )
+    cfg = TrainConfig(
+        out=str(tmp_path / "d"),
+        steps=20,
+        eval_every=10,
+        checkpoint_every=10,
+        holdout=1,
+        block_size=4,
+        samples=6,
+        target_layer_ids=[1, 2],
+        draft_vocab=20,
+    )
     drafter = train(target, cfg, rows, progress=False)
     assert drafter.vocab.token_ids == frequency_vocab([r["tokens"] for r in rows[1:]], 20, VOCAB).token_ids
     assert load_drafter(tmp_path / "d").vocab.token_ids == drafter.vocab.token_ids
@@ -145,7 +185,9 @@ def test_self_distill_writes_answers_in_prompt_order_and_resumes(tmp_path):
     prompts = ["abc", "hello there", "x", "a longer prompt", "zz"]
     path = tmp_path / "data.jsonl"
     rows = dflash_data.self_distill(target, prompts[:3], path, max_new_tokens=10, batch_size=2)
-    rows = dflash_data.self_distill(target, prompts, path, max_new_tokens=10, batch_size=4)  # answers only 2 more
+    rows = dflash_data.self_distill(
+        target, prompts, path, max_new_tokens=10, batch_size=4
+    )  # answers only 2 more
     assert len(path.read_text().splitlines()) == 5
     from hf2q_py.generation import encode_prompt
 
@@ -165,7 +207,9 @@ def test_a_warm_start_copies_the_target_s_last_layers():
     for i, mine in enumerate(drafter.layers):
         theirs = target.layers[L - 2 + i]
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            assert mx.array_equal(getattr(mine.self_attn, name).weight, getattr(theirs.self_attn, name).weight).item()
+            assert mx.array_equal(
+                getattr(mine.self_attn, name).weight, getattr(theirs.self_attn, name).weight
+            ).item()
         for name in ("gate_proj", "up_proj", "down_proj"):
             assert mx.array_equal(getattr(mine.mlp, name).weight, getattr(theirs.mlp, name).weight).item()
         assert mx.array_equal(mine.input_layernorm.weight, theirs.input_layernorm.weight).item()

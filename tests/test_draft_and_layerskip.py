@@ -35,8 +35,9 @@ def test_a_different_random_draft_model_is_lossless(arch, scale, k):
     draft = tiny_target(arch, seed=1, scale=scale)  # low acceptance
     prompt = random_prompt(12)
     want = baseline(target, prompt, 48)
-    r = hf2q_py.generate(target, prompt, max_tokens=48, method="draft", draft=draft, k=k, adaptive=False,
-                         draft_p_min=0.0)
+    r = hf2q_py.generate(
+        target, prompt, max_tokens=48, method="draft", draft=draft, k=k, adaptive=False, draft_p_min=0.0
+    )
     assert_same_greedy(target.model, prompt, r.tokens, want)
     assert r.stats.drafted > 0
 
@@ -47,8 +48,9 @@ def test_the_target_as_its_own_draft_accepts_everything(arch, scale, k):
     target = tiny_target(arch, scale=scale)
     prompt = random_prompt(12)
     want = baseline(target, prompt, 48)
-    r = hf2q_py.generate(target, prompt, max_tokens=48, method="draft", draft=target, k=k, adaptive=False,
-                         draft_p_min=0.0)
+    r = hf2q_py.generate(
+        target, prompt, max_tokens=48, method="draft", draft=target, k=k, adaptive=False, draft_p_min=0.0
+    )
     assert_same_greedy(target.model, prompt, r.tokens, want)
     # all drafts accepted (bar numerical near-ties between batched and single-token forwards)
     assert r.stats.acceptance_rate > 0.9
@@ -60,15 +62,19 @@ def test_draft_p_min_drafts_less_and_stays_lossless():
     draft = tiny_target("llama", seed=1, scale=2.0)
     prompt = random_prompt(12)
     want = baseline(target, prompt, 40)
-    free = hf2q_py.generate(target, prompt, max_tokens=40, method="draft", draft=draft, k=6, adaptive=False,
-                            draft_p_min=0.0)
-    gated = hf2q_py.generate(target, prompt, max_tokens=40, method="draft", draft=draft, k=6, adaptive=False,
-                             draft_p_min=0.3)
+    free = hf2q_py.generate(
+        target, prompt, max_tokens=40, method="draft", draft=draft, k=6, adaptive=False, draft_p_min=0.0
+    )
+    gated = hf2q_py.generate(
+        target, prompt, max_tokens=40, method="draft", draft=draft, k=6, adaptive=False, draft_p_min=0.3
+    )
     assert_same_greedy(target.model, prompt, gated.tokens, want)
     assert gated.stats.drafted < free.stats.drafted
 
 
-@pytest.mark.parametrize("arch, scale, seed", [("gemma4_text", 1.0, 0), ("gemma4", 1.0, 3), ("gpt_oss", 1.5, 3)])
+@pytest.mark.parametrize(
+    "arch, scale, seed", [("gemma4_text", 1.0, 0), ("gemma4", 1.0, 3), ("gpt_oss", 1.5, 3)]
+)
 def test_eos_and_budget_inside_a_draft_block(arch, scale, seed):
     target = tiny_target(arch, scale=scale)
     prompt = random_prompt(10, seed=seed)
@@ -101,14 +107,18 @@ def test_draft_method_needs_a_draft_model():
         hf2q_py.generate(tiny_target("llama"), [1, 2], max_tokens=4, method="draft")
 
 
-@pytest.mark.parametrize("arch, scale", [("llama", 1.0), ("llama", 2.0), ("qwen2", 1.5), ("gemma3_text", 1.5)])
+@pytest.mark.parametrize(
+    "arch, scale", [("llama", 1.0), ("llama", 2.0), ("qwen2", 1.5), ("gemma3_text", 1.5)]
+)
 @pytest.mark.parametrize("skip", [[1], [1, 2], "alternate", "early:2"])
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_layer_skip_is_lossless(arch, scale, skip, k):
     target = tiny_target(arch, scale=scale)
     prompt = random_prompt(12)
     want = baseline(target, prompt, 48)  # gemma3_text: past its window of 16
-    r = hf2q_py.generate(target, prompt, max_tokens=48, method="layerskip", skip_layers=skip, k=k, adaptive=False)
+    r = hf2q_py.generate(
+        target, prompt, max_tokens=48, method="layerskip", skip_layers=skip, k=k, adaptive=False
+    )
     assert_same_greedy(target.model, prompt, r.tokens, want)
     assert r.stats.drafted > 0
 
@@ -132,8 +142,13 @@ def test_auto_drops_untried_the_skip_sets_that_could_not_pay():
     hopeless = LayerSkipProposer(target, "auto", optimistic_acceptance=0.0)
     assert hopeless.trials  # candidates to try, until the prompt is in ...
     stats = GenerationStats()
-    got = [t for new in generate_tokens(target, prompt, max_tokens=30, proposer=hopeless,
-                                        policy=AdaptiveK(4), stats=stats) for t in new]
+    got = [
+        t
+        for new in generate_tokens(
+            target, prompt, max_tokens=30, proposer=hopeless, policy=AdaptiveK(4), stats=stats
+        )
+        for t in new
+    ]
     assert got == want
     assert hopeless.trials == [] and len(hopeless.pruned) == len(auto_candidates(target.num_layers))
     assert stats.drafted == 0  # ... then plain decoding, with no calibration rounds
@@ -147,8 +162,10 @@ def test_a_skip_pass_costs_its_share_of_the_weights():
     shares = [draft_cost_share(model, range(m)) for m in range(n + 1)]
     assert shares == sorted(shares, reverse=True)
     head = model.model.embed_tokens.weight.nbytes  # tied embeddings: the head
-    assert shares[-1] == pytest.approx(head / (head + sum(
-        sum(v.nbytes for _, v in tree_flatten(layer.parameters())) for layer in model.layers)))
+    assert shares[-1] == pytest.approx(
+        head
+        / (head + sum(sum(v.nbytes for _, v in tree_flatten(layer.parameters())) for layer in model.layers))
+    )
 
 
 def test_optimistic_speedup():

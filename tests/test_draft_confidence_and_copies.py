@@ -60,8 +60,9 @@ def test_confidence_gated_drafts_are_lossless(arch, scale, adaptive):
     prompt = random_prompt(12)
     want = hf2q_py.generate(target, prompt, max_tokens=40).tokens
     for d in (draft, target):  # a weak draft and a perfect one
-        r = hf2q_py.generate(target, prompt, max_tokens=40, method="draft", draft=d, k=6,
-                             adaptive=adaptive, draft_p_min=0.1)
+        r = hf2q_py.generate(
+            target, prompt, max_tokens=40, method="draft", draft=d, k=6, adaptive=adaptive, draft_p_min=0.1
+        )
         assert_same_greedy(target.model, prompt, r.tokens, want)
 
 
@@ -78,8 +79,17 @@ def test_copies_and_model_drafts_together_are_lossless(arch, scale, adaptive):
     draft = tiny_target(arch, seed=1, scale=scale)
     prompt = repeating_prompt()
     want = hf2q_py.generate(target, prompt, max_tokens=40).tokens
-    r = hf2q_py.generate(target, prompt, max_tokens=40, method="draft", draft=draft, k=4,
-                         adaptive=adaptive, draft_suffix_depth=2, memory=False)
+    r = hf2q_py.generate(
+        target,
+        prompt,
+        max_tokens=40,
+        method="draft",
+        draft=draft,
+        k=4,
+        adaptive=adaptive,
+        draft_suffix_depth=2,
+        memory=False,
+    )
     assert_same_greedy(target.model, prompt, r.tokens, want)
     assert r.stats.drafted > 0
 
@@ -118,10 +128,14 @@ def test_a_shallow_match_drafts_with_the_model_after_one_catch_up():
 def test_the_copy_option_builds_a_combined_proposer_with_a_larger_cap():
     target = tiny_target("llama", seed=0, scale=2.0)
     draft = tiny_target("llama", seed=1, scale=2.0)
-    proposer, policy = build_proposer(target, SpecConfig(method="draft", draft=draft, k=4, draft_suffix_depth=3))
+    proposer, policy = build_proposer(
+        target, SpecConfig(method="draft", draft=draft, k=4, draft_suffix_depth=3)
+    )
     assert isinstance(proposer, CombinedProposer) and proposer.model_k == 4 and proposer.min_depth == 3
     assert isinstance(policy, AdaptiveK) and policy.k_max >= 16 and policy.split_drafting
-    assert policy.draft_cost_priors[("copy", (4, False))] == 0.0 and 0 < policy.draft_cost_priors[MODEL_KEY] <= 1
+    assert (
+        policy.draft_cost_priors[("copy", (4, False))] == 0.0 and 0 < policy.draft_cost_priors[MODEL_KEY] <= 1
+    )
     plain, _ = build_proposer(target, SpecConfig(method="draft", draft=draft))
     assert isinstance(plain, DraftModelProposer) and not plain.lazy_prefill
     with pytest.raises(Hf2qError, match="draft-suffix-depth"):
@@ -129,8 +143,15 @@ def test_the_copy_option_builds_a_combined_proposer_with_a_larger_cap():
 
 
 def timed_round(k, accepted, verify_s, propose_s, key=None):
-    return Round(k=k, drafted=k, accepted=accepted, key=key, cost_seconds=verify_s + propose_s,
-                 propose_seconds=propose_s, verify_seconds=verify_s)
+    return Round(
+        k=k,
+        drafted=k,
+        accepted=accepted,
+        key=key,
+        cost_seconds=verify_s + propose_s,
+        propose_seconds=propose_s,
+        verify_seconds=verify_s,
+    )
 
 
 def test_split_drafting_charges_drafting_per_token_and_speculates_from_the_first_round():

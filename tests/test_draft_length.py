@@ -44,7 +44,11 @@ def test_before_anything_is_timed_k_follows_the_prior_costs():
     token); how much follows from the prior rates and the prior costs.
     Drafts with nothing known about them wait for a timed plain decode."""
     priors = {"likely": 0.9, "unlikely": 0.05}
-    assert AdaptiveK(8, key_priors=priors).next_k("likely") == AdaptiveK(8, key_priors=priors).best_k("likely") > 0
+    assert (
+        AdaptiveK(8, key_priors=priors).next_k("likely")
+        == AdaptiveK(8, key_priors=priors).best_k("likely")
+        > 0
+    )
     assert AdaptiveK(8, key_priors=priors).next_k("unlikely") == 0
     assert AdaptiveK(8).next_k() == 0 < AdaptiveK(8).best_k()
 
@@ -147,7 +151,9 @@ def test_unmeasured_widths_follow_the_measured_ones():
     drafts worth trying."""
     policy = AdaptiveK(32)
     policy.update(Round(cost_seconds=DECODE_S))
-    policy.update(Round(drafted=8, accepted=8, cost_seconds=DECODE_S * 1.3))  # measured: 9 tokens cost 1.3 decodes (prior: 1.96)
+    policy.update(
+        Round(drafted=8, accepted=8, cost_seconds=DECODE_S * 1.3)
+    )  # measured: 9 tokens cost 1.3 decodes (prior: 1.96)
     assert policy.cost(9) == pytest.approx(1.3)
     assert policy.cost(17) == pytest.approx(1.3 * policy.prior_cost(17) / policy.prior_cost(9))
     assert policy.cost(7) == pytest.approx(max(1.0, 1.3 * policy.prior_cost(7) / policy.prior_cost(9)))
@@ -168,8 +174,11 @@ def simulate(policy, draft_cost: float, p_accept: float, tokens: int, seed: int 
         while n < k and rng.random() < p_accept:
             n += 1
         cost = seconds(k + 1) + (draft_cost * DECODE_S if k else 0.0)
-        policy.update(Round(drafted=k, accepted=n, cost_seconds=cost,
-                            propose_seconds=draft_cost * DECODE_S if k else 0.0))
+        policy.update(
+            Round(
+                drafted=k, accepted=n, cost_seconds=cost, propose_seconds=draft_cost * DECODE_S if k else 0.0
+            )
+        )
         done += n + 1
         elapsed += cost
     return (done / elapsed) / (1 / DECODE_S)

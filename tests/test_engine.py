@@ -85,8 +85,15 @@ class OracleProposer(Proposer):
 def run_engine(target, prompt, proposer, max_tokens, eos=()):
     stats = GenerationStats()
     out = []
-    for new in generate_tokens(target, prompt, max_tokens=max_tokens, proposer=proposer,
-                               policy=FixedK(8), eos_token_ids=eos, stats=stats):
+    for new in generate_tokens(
+        target,
+        prompt,
+        max_tokens=max_tokens,
+        proposer=proposer,
+        policy=FixedK(8),
+        eos_token_ids=eos,
+        stats=stats,
+    ):
         out += new
     return out, stats
 

@@ -42,7 +42,10 @@ def test_capture_and_the_borrowed_head_reproduce_the_wrappers_logits(arch):
 
 def options(arch, method, target):
     if method == "draft":
-        return {"draft": perturbed_target(arch, scale=1.5 if arch == "gpt_oss" else 1.0, noise=0.02), "draft_p_min": 0.0}
+        return {
+            "draft": perturbed_target(arch, scale=1.5 if arch == "gpt_oss" else 1.0, noise=0.02),
+            "draft_p_min": 0.0,
+        }
     if method == "layerskip":
         return {"skip_layers": [1]}
     if method == "dflash":
@@ -59,8 +62,9 @@ def test_every_method_matches_mlx_lm_greedy_past_the_window(arch, method, k):
     target = tiny_target(arch, scale=1.5 if arch == "gpt_oss" else 1.0)
     prompt = random_prompt(10, seed=3) * 2
     want = reference_greedy(target.model, prompt, 40)
-    r = hf2q_py.generate(target, prompt, max_tokens=40, method=method, k=k, adaptive=False,
-                         **options(arch, method, target))
+    r = hf2q_py.generate(
+        target, prompt, max_tokens=40, method=method, k=k, adaptive=False, **options(arch, method, target)
+    )
     assert_same_greedy(target.model, prompt, r.tokens, want)
     assert r.stats.drafted > 0
 
@@ -71,17 +75,18 @@ def test_skip_sets_that_keep_shared_kv_valid_work():
     prompt = random_prompt(12)
     want = reference_greedy(target.model, prompt, 30)
     for skip in ([4], [3, 4], [2, 3, 4, 5], [1, 5]):
-        r = hf2q_py.generate(target, prompt, max_tokens=30, method="layerskip", skip_layers=skip, k=4,
-                             adaptive=False)
+        r = hf2q_py.generate(
+            target, prompt, max_tokens=30, method="layerskip", skip_layers=skip, k=4, adaptive=False
+        )
         assert_same_greedy(target.model, prompt, r.tokens, want)
 
 
 def test_a_skip_set_that_breaks_shared_kv_is_refused_naming_the_layer():
     target = tiny_target("gemma4")
-    with pytest.raises(UnsupportedModelError, match=r"cannot skip layer 3: KV-shared layer 4 reads its cache"):
+    with pytest.raises(
+        UnsupportedModelError, match=r"cannot skip layer 3: KV-shared layer 4 reads its cache"
+    ):
         hf2q_py.generate(target, [1, 2, 3], max_tokens=4, method="layerskip", skip_layers=[3])
     # automatic calibration only tries valid sets
     prop = LayerSkipProposer(target, "auto")
     assert all(not (3 in c and 4 not in c) and not (2 in c and 5 not in c) for c in prop.trials[1:])
-
-

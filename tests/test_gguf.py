@@ -91,8 +91,10 @@ def test_missing_metadata_is_named_at_once(tmp_path, monkeypatch):
 
 def test_mixture_of_experts_tensors_are_named_at_once(tmp_path, monkeypatch):
     path = tmp_path / "moe.gguf"
-    tensors = {"token_embd.weight": np.zeros((400, 64), np.float32),
-               "blk.0.ffn_gate_exps.weight": np.zeros((4, 128, 64), np.float32)}
+    tensors = {
+        "token_embd.weight": np.zeros((400, 64), np.float32),
+        "blk.0.ffn_gate_exps.weight": np.zeros((4, 128, 64), np.float32),
+    }
     write_header_only(path, "llama", tensors=tensors)
     assert "'blk.0.ffn_gate_exps.weight' has no place" in refusal(path, monkeypatch)
 
@@ -110,8 +112,10 @@ def test_unsupported_rope_scaling_is_named_at_once(tmp_path, monkeypatch):
     assert "rope scaling 'yarn' is not supported" in refusal(path, monkeypatch)
 
 
-@pytest.mark.parametrize("content", [b"", b"GGUF\x03\x00\x00\x00garbage", b"not a model at all",
-                                     b"GGUF\x09\x00\x00\x00" + bytes(16)])
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"GGUF\x03\x00\x00\x00garbage", b"not a model at all", b"GGUF\x09\x00\x00\x00" + bytes(16)],
+)
 def test_corrupt_files_give_a_clear_error(tmp_path, content):
     path = tmp_path / "bad.gguf"
     path.write_bytes(content)

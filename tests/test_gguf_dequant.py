@@ -44,7 +44,9 @@ def q6_k_block() -> tuple[bytes, np.ndarray]:
         for l in range(32):
             ql[64 * half + l] = (v[0][l] & 15) | ((v[2][l] & 15) << 4)
             ql[64 * half + 32 + l] = (v[1][l] & 15) | ((v[3][l] & 15) << 4)
-            qh[32 * half + l] = (v[0][l] >> 4) | ((v[1][l] >> 4) << 2) | ((v[2][l] >> 4) << 4) | ((v[3][l] >> 4) << 6)
+            qh[32 * half + l] = (
+                (v[0][l] >> 4) | ((v[1][l] >> 4) << 2) | ((v[2][l] >> 4) << 4) | ((v[3][l] >> 4) << 6)
+            )
     raw = bytes(ql) + bytes(qh) + sc.astype(np.int8).tobytes() + d.tobytes()
     want = np.float32(d) * sc[np.arange(256) // 16].astype(np.float32) * (q - 32)
     return raw, want.astype(np.float32)

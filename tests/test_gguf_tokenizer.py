@@ -73,7 +73,9 @@ def test_bos_and_eos_follow_the_file_flags():
     text = "Hello world"
     plain = tokenizer_from_gguf(spm_metadata(True, add_bos=False)).encode(text)
     assert tokenizer_from_gguf(spm_metadata(True, add_bos=True)).encode(text) == [1] + plain
-    assert tokenizer_from_gguf(spm_metadata(True, add_bos=True, add_eos=True)).encode(text) == [1] + plain + [2]
+    assert tokenizer_from_gguf(spm_metadata(True, add_bos=True, add_eos=True)).encode(text) == [1] + plain + [
+        2
+    ]
     no_flag = {k: v for k, v in spm_metadata(True).items() if k != "tokenizer.ggml.add_bos_token"}
     assert tokenizer_from_gguf(no_flag).encode(text) == [1] + plain  # llama.cpp's default for these files
 

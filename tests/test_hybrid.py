@@ -72,8 +72,9 @@ def test_mlx_lm_alone_cannot_roll_recurrent_state_back():
     trim_prompt_cache(rt.cache, 5)  # trims the KV caches; recurrent state stays put
     ref = target.runtime()
     ref.prefill(prompt + block[:1], logits="none")
-    assert not all(mx.allclose(g, w, atol=ATOL).item()
-                   for g, w in zip(recurrent_states(rt), recurrent_states(ref)))
+    assert not all(
+        mx.allclose(g, w, atol=ATOL).item() for g, w in zip(recurrent_states(rt), recurrent_states(ref))
+    )
 
 
 def test_rolling_back_past_the_recorded_positions_is_refused():
@@ -121,7 +122,9 @@ def test_a_close_draft_model_accepts_part_of_its_blocks(arch):
     target = tiny_target(arch, scale=1.5)
     prompt = random_prompt(12)
     want = reference_greedy(target.model, prompt, 48)
-    r = run(target, prompt, "draft", 6, n=48, draft=perturbed_target(arch, scale=1.5, noise=0.02), draft_p_min=0.0)
+    r = run(
+        target, prompt, "draft", 6, n=48, draft=perturbed_target(arch, scale=1.5, noise=0.02), draft_p_min=0.0
+    )
     assert_same_greedy(target.model, prompt, r.tokens, want)
     assert 0.2 < r.stats.acceptance_rate < 0.95
 

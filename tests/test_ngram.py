@@ -90,7 +90,9 @@ def match_by_definition(tokens, min_n, max_n, k, cap):
         for start in range(0, size - n):
             if tokens[start : start + n] == tokens[size - n :]:
                 end = start + n
-                depth = max(d for d in range(0, min(cap, end) + 1) if tokens[end - d : end] == tokens[size - d :])
+                depth = max(
+                    d for d in range(0, min(cap, end) + 1) if tokens[end - d : end] == tokens[size - d :]
+                )
                 return tokens[end : end + k], depth
     return [], 0
 

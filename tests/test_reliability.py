@@ -52,7 +52,9 @@ def no_model_load(monkeypatch):
 def test_a_draft_smaller_than_the_tokenizer_is_refused():
     target = tiny_target("llama", tokenizer=True)
     draft = tiny_target("llama", seed=1, tokenizer=True, vocab_size=100)  # tokenizer ids go to 127
-    with pytest.raises(Hf2qError, match=r"draft model's vocabulary \(100\) is smaller than its tokenizer's \(128"):
+    with pytest.raises(
+        Hf2qError, match=r"draft model's vocabulary \(100\) is smaller than its tokenizer's \(128"
+    ):
         hf2q_py.generate(target, "abc", max_tokens=4, method="draft", draft=draft)
 
 
@@ -65,8 +67,9 @@ def test_target_padding_ids_never_index_past_the_draft_embedding():
     prompt = [int(t) for t in np.random.default_rng(0).integers(0, 128, 12)]
     want = hf2q_py.generate(target, prompt, max_tokens=40).tokens
     assert max(want) >= VOCAB  # the case under test: ids past the draft's table
-    got = hf2q_py.generate(target, prompt, max_tokens=40, method="draft", draft=draft, k=4, adaptive=False,
-                           draft_p_min=0.0)
+    got = hf2q_py.generate(
+        target, prompt, max_tokens=40, method="draft", draft=draft, k=4, adaptive=False, draft_p_min=0.0
+    )
     assert got.tokens == want and got.stats.drafted > 0
 
 
@@ -124,8 +127,11 @@ def model_folder(tmp_path):
 
 def test_train_dflash_never_overwrites_a_model_folder(tmp_path, capsys, no_model_load):
     folder = model_folder(tmp_path)
-    assert_one_line_error(cli(capsys, "train-dflash", "--out", str(folder), "--samples", "2", "--holdout", "1"),
-                          "not empty", "--overwrite")
+    assert_one_line_error(
+        cli(capsys, "train-dflash", "--out", str(folder), "--samples", "2", "--holdout", "1"),
+        "not empty",
+        "--overwrite",
+    )
     assert (folder / "model.safetensors").read_bytes() == b"weights the user owns"
     assert not (folder / "train-state").exists()
 
@@ -148,7 +154,10 @@ def test_overwrite_starts_afresh(tmp_path):
     data = prepare_out(cfg, run_record(None, ["a", "b"], 8))
     assert not (folder / "config.json").exists() and not (folder / "model.safetensors").exists()
     assert (folder / "README.md").read_text() == "kept"
-    assert data.parent.name == "train-state" and json.loads((data.parent / "run.json").read_text())["prompts"] == 2
+    assert (
+        data.parent.name == "train-state"
+        and json.loads((data.parent / "run.json").read_text())["prompts"] == 2
+    )
 
 
 def test_resuming_with_other_prompts_or_target_is_refused(tmp_path, capsys, no_model_load):
@@ -166,8 +175,23 @@ def test_resuming_with_other_prompts_or_target_is_refused(tmp_path, capsys, no_m
         prepare_out(cfg, run_record(None, ["first prompt", "second prompt"], 9))
     prompts = tmp_path / "p.txt"
     prompts.write_text("first prompt\nthird prompt\n")
-    assert_one_line_error(cli(capsys, "train-dflash", "--out", str(out), "--prompts", str(prompts), "--samples", "2",
-                              "--holdout", "1", "--max-new-tokens", "8"), "--prompts")
+    assert_one_line_error(
+        cli(
+            capsys,
+            "train-dflash",
+            "--out",
+            str(out),
+            "--prompts",
+            str(prompts),
+            "--samples",
+            "2",
+            "--holdout",
+            "1",
+            "--max-new-tokens",
+            "8",
+        ),
+        "--prompts",
+    )
 
 
 def test_a_run_without_a_record_is_not_resumed_blindly(tmp_path):
@@ -177,16 +201,21 @@ def test_a_run_without_a_record_is_not_resumed_blindly(tmp_path):
     work.mkdir(parents=True)
     (work / "data.jsonl").write_text('{"prompt_tokens": 1, "tokens": [1, 2, 3]}\n')
     with pytest.raises(Hf2qError, match="without a record"):
-        prepare_out(TrainConfig(out=str(tmp_path / "d"), samples=2, holdout=1), run_record(None, ["a", "b"], 8))
+        prepare_out(
+            TrainConfig(out=str(tmp_path / "d"), samples=2, holdout=1), run_record(None, ["a", "b"], 8)
+        )
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--target-layers", "-1"], ["target layer id"]),
-    (["--target-layers", "1,1"], ["twice"]),
-    (["--mask-token-id", "-5"], ["mask-token-id"]),
-    (["--block-size", str(MAX_K + 2)], ["block-size"]),
-    (["--lr", "nan"], ["lr"]),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--target-layers", "-1"], ["target layer id"]),
+        (["--target-layers", "1,1"], ["twice"]),
+        (["--mask-token-id", "-5"], ["mask-token-id"]),
+        (["--block-size", str(MAX_K + 2)], ["block-size"]),
+        (["--lr", "nan"], ["lr"]),
+    ],
+)
 def test_train_dflash_options_are_checked_before_loading(tmp_path, capsys, no_model_load, args, words):
     assert_one_line_error(cli(capsys, "train-dflash", "--out", str(tmp_path / "d"), *args), *words)
 
@@ -205,8 +234,20 @@ def test_target_layers_and_mask_are_checked_against_the_target_before_data():
 @pytest.mark.slow
 def test_train_dflash_checks_target_layers_before_generating_data(tmp_path, capsys):
     out = tmp_path / "d"
-    result = cli(capsys, "train-dflash", "--out", str(out), "--target-layers", "1,99", "--samples", "2",
-                 "--holdout", "1", "--max-new-tokens", "4")
+    result = cli(
+        capsys,
+        "train-dflash",
+        "--out",
+        str(out),
+        "--target-layers",
+        "1,99",
+        "--samples",
+        "2",
+        "--holdout",
+        "1",
+        "--max-new-tokens",
+        "4",
+    )
     assert_one_line_error(result, "out of range", "30 layers")
     data = out / "train-state" / "data.jsonl"
     assert not data.exists() or data.read_text() == ""
@@ -222,22 +263,28 @@ def not_utf8(tmp_path):
     return str(path)
 
 
-@pytest.mark.parametrize("argv", [
-    ["generate", "--prompt-file", "{f}"],
-    ["ab", "--prompts", "{f}"],
-    ["ab", "--prompt-file", "{f}"],
-    ["train-dflash", "--out", "{d}", "--prompts", "{f}"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["generate", "--prompt-file", "{f}"],
+        ["ab", "--prompts", "{f}"],
+        ["ab", "--prompt-file", "{f}"],
+        ["train-dflash", "--out", "{d}", "--prompts", "{f}"],
+    ],
+)
 def test_prompt_files_that_are_not_utf8(tmp_path, capsys, no_model_load, not_utf8, argv):
     argv = [a.format(f=not_utf8, d=tmp_path / "d") for a in argv]
     assert_one_line_error(cli(capsys, *argv), "not UTF-8")
 
 
-@pytest.mark.parametrize("argv", [
-    ["ab", "--prompt", "hi", "--markdown", "{t}/no/such/folder/ab.md"],
-    ["bench", "--markdown", "{t}/no/such/folder/b.md"],
-    ["bench", "--chart", "{t}"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ab", "--prompt", "hi", "--markdown", "{t}/no/such/folder/ab.md"],
+        ["bench", "--markdown", "{t}/no/such/folder/b.md"],
+        ["bench", "--chart", "{t}"],
+    ],
+)
 def test_unwritable_outputs_are_refused_before_the_run(tmp_path, capsys, no_model_load, argv):
     argv = [a.format(t=tmp_path) for a in argv]
     assert_one_line_error(cli(capsys, *argv), "file")
@@ -254,48 +301,60 @@ def test_an_output_check_leaves_no_file_behind(tmp_path):
     assert (tmp_path / "old.md").read_text() == "kept"
 
 
-@pytest.mark.parametrize("methods, words", [
-    ("ngram:temperature=0.5", ["unknown method option 'temperature'", "--temp"]),
-    ("ngram:k=0", ["k (draft length)"]),
-    ("ngram:k=x", ["bad value for k"]),
-    ("ngram:ngram_max=99", ["ngram-max"]),
-    ("magic", ["unknown method"]),
-    ("draft", ["draft model"]),
-    ("layerskip:skip_layers=early:x", ["skip recipe"]),
-])
+@pytest.mark.parametrize(
+    "methods, words",
+    [
+        ("ngram:temperature=0.5", ["unknown method option 'temperature'", "--temp"]),
+        ("ngram:k=0", ["k (draft length)"]),
+        ("ngram:k=x", ["bad value for k"]),
+        ("ngram:ngram_max=99", ["ngram-max"]),
+        ("magic", ["unknown method"]),
+        ("draft", ["draft model"]),
+        ("layerskip:skip_layers=early:x", ["skip recipe"]),
+    ],
+)
 def test_bench_method_options_are_checked_before_loading(capsys, no_model_load, methods, words):
     assert_one_line_error(cli(capsys, "bench", "--methods", methods), *words)
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["ab", "--methods", "ngram,magic"], ["unknown method 'magic'"]),
-    (["ab", "--methods", ","], ["--methods is empty"]),
-    (["ab", "--methods", "draft"], ["needs a draft model", "--draft-model"]),
-    (["ab", "--methods", "dflash"], ["needs a drafter", "--drafter"]),
-    (["ab", "--k", str(MAX_K + 1)], ["k (draft length)"]),
-    (["ab", "--prompt", " "], ["empty"]),
-    (["ab", "--methods", "layerskip", "--skip-layers", "1,x"], ["bad skip layers"]),
-    (["ab", "--methods", "dflash", "--drafter", "/no/such/folder"], ["no such folder"]),
-    (["bench", "--temp", "-1"], ["temperature"]),
-    (["bench", "--only", "no-such-workload"], ["no workload"]),
-    (["bench", "--methods", "baseline"], ["no method"]),
-    (["bench", "--dtype", "int3"], ["dtype"]),
-    (["generate", "--prompt", "hi", "--method", "draft", "--draft-model", "/no/such.gguf"], ["no such file"]),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["ab", "--methods", "ngram,magic"], ["unknown method 'magic'"]),
+        (["ab", "--methods", ","], ["--methods is empty"]),
+        (["ab", "--methods", "draft"], ["needs a draft model", "--draft-model"]),
+        (["ab", "--methods", "dflash"], ["needs a drafter", "--drafter"]),
+        (["ab", "--k", str(MAX_K + 1)], ["k (draft length)"]),
+        (["ab", "--prompt", " "], ["empty"]),
+        (["ab", "--methods", "layerskip", "--skip-layers", "1,x"], ["bad skip layers"]),
+        (["ab", "--methods", "dflash", "--drafter", "/no/such/folder"], ["no such folder"]),
+        (["bench", "--temp", "-1"], ["temperature"]),
+        (["bench", "--only", "no-such-workload"], ["no workload"]),
+        (["bench", "--methods", "baseline"], ["no method"]),
+        (["bench", "--dtype", "int3"], ["dtype"]),
+        (
+            ["generate", "--prompt", "hi", "--method", "draft", "--draft-model", "/no/such.gguf"],
+            ["no such file"],
+        ),
+    ],
+)
 def test_bench_and_ab_error_paths(capsys, no_model_load, argv, words):
     assert_one_line_error(cli(capsys, *argv), *words)
 
 
-@pytest.mark.parametrize("change, words", [
-    (dict(target_layer_ids=["1", "2"]), ["target_layer_ids entry", "integer"]),
-    (dict(block_size="8"), ["block_size", "integer"]),
-    (dict(hidden_size="64"), ["hidden_size", "integer"]),
-    (dict(num_attention_heads=0), ["num_attention_heads"]),
-    (dict(num_key_value_heads=3), ["multiple of num_key_value_heads"]),
-    (dict(dflash_config=[1, 2]), ["dflash_config must be an object"]),
-    (dict(layer_types="full_attention"), ["layer_types"]),
-    (dict(rope_theta="big"), ["rope_theta"]),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (dict(target_layer_ids=["1", "2"]), ["target_layer_ids entry", "integer"]),
+        (dict(block_size="8"), ["block_size", "integer"]),
+        (dict(hidden_size="64"), ["hidden_size", "integer"]),
+        (dict(num_attention_heads=0), ["num_attention_heads"]),
+        (dict(num_key_value_heads=3), ["multiple of num_key_value_heads"]),
+        (dict(dflash_config=[1, 2]), ["dflash_config must be an object"]),
+        (dict(layer_types="full_attention"), ["layer_types"]),
+        (dict(rope_theta="big"), ["rope_theta"]),
+    ],
+)
 def test_drafter_configs_with_wrong_types_are_refused(tmp_path, change, words):
     from hf2q_py.proposers.dflash_drafter import load_drafter
     from test_dflash import published_folder
@@ -327,8 +386,21 @@ def test_prompts_with_lone_surrogates(tmp_path, capsys, no_model_load):
     jsonl = tmp_path / "p.jsonl"
     jsonl.write_text('{"prompt": "bad \\ud800 escape"}\n')
     assert_one_line_error(cli(capsys, "ab", "--prompts", str(jsonl)), "lone surrogate")
-    assert_one_line_error(cli(capsys, "train-dflash", "--out", str(tmp_path / "d"), "--prompts", str(jsonl),
-                              "--samples", "1", "--holdout", "0"), "lone surrogate")
+    assert_one_line_error(
+        cli(
+            capsys,
+            "train-dflash",
+            "--out",
+            str(tmp_path / "d"),
+            "--prompts",
+            str(jsonl),
+            "--samples",
+            "1",
+            "--holdout",
+            "0",
+        ),
+        "lone surrogate",
+    )
 
 
 # -- 7. tiny temperatures --------------------------------------------------------
@@ -351,9 +423,17 @@ def test_sampling_at_a_tiny_temperature_is_greedy():
         assert got.tokens == want
 
 
-@pytest.mark.parametrize("opts", [dict(temperature=float("inf")), dict(temperature=float("nan")),
-                                  dict(top_p=float("nan")), dict(repetition_penalty=float("inf")),
-                                  dict(min_p=float("nan")), dict(draft_p_min=float("nan"))])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        dict(temperature=float("inf")),
+        dict(temperature=float("nan")),
+        dict(top_p=float("nan")),
+        dict(repetition_penalty=float("inf")),
+        dict(min_p=float("nan")),
+        dict(draft_p_min=float("nan")),
+    ],
+)
 def test_non_finite_numbers_are_refused(opts):
     with pytest.raises(Hf2qError, match="finite"):
         hf2q_py.generate(tiny_target("llama"), [1, 2], max_tokens=2, **opts)
@@ -392,8 +472,12 @@ def test_a_folder_without_tokenizer_files(tmp_path, capsys):
     folder = tmp_path / "no-tokenizer"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(CONFIGS["llama"]))
-    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(tiny_model("llama").parameters())))
-    assert_one_line_error(cli(capsys, "generate", "--prompt", "hi", "--model", str(folder)), "no tokenizer files")
+    mx.save_safetensors(
+        str(folder / "model.safetensors"), dict(tree_flatten(tiny_model("llama").parameters()))
+    )
+    assert_one_line_error(
+        cli(capsys, "generate", "--prompt", "hi", "--model", str(folder)), "no tokenizer files"
+    )
 
 
 def test_a_gguf_with_missing_tensors(tmp_path, capsys):
@@ -406,22 +490,37 @@ def test_a_gguf_with_missing_tensors(tmp_path, capsys):
     w.add_head_count(4)
     w.add_feed_forward_length(64)
     w.add_tensor("token_embd.weight", np.zeros((16, 32), np.float32))
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     assert_one_line_error(cli(capsys, "generate", "--prompt", "hi", "--model", str(path)), "GGUF")
 
 
 # -- 11. the smaller ones ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["generate", "--prompt", "hi", "--temp", "-1"], ["temperature"]),
-    (["generate", "--prompt", "hi", "--top-p", "2"], ["top-p"]),
-    (["generate", "--prompt", "hi", "--method", "ngram", "--ngram-min", "4", "--ngram-max", "2"], ["ngram-max"]),
-    (["generate", "--prompt", "hi", "--stop", ""], ["stop"]),
-    (["generate", "--prompt", "hi", "--method", "layerskip", "--skip-layers", "middle:0"], ["skip recipe"]),
-    (["generate", "--prompt", "hi", "--method", "dflash", "--drafter", "/no/such/drafter"], ["no such folder"]),
-    (["generate", "--prompt", "hi", "--model", "/no/such/folder"], ["no such file or folder"]),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["generate", "--prompt", "hi", "--temp", "-1"], ["temperature"]),
+        (["generate", "--prompt", "hi", "--top-p", "2"], ["top-p"]),
+        (
+            ["generate", "--prompt", "hi", "--method", "ngram", "--ngram-min", "4", "--ngram-max", "2"],
+            ["ngram-max"],
+        ),
+        (["generate", "--prompt", "hi", "--stop", ""], ["stop"]),
+        (
+            ["generate", "--prompt", "hi", "--method", "layerskip", "--skip-layers", "middle:0"],
+            ["skip recipe"],
+        ),
+        (
+            ["generate", "--prompt", "hi", "--method", "dflash", "--drafter", "/no/such/drafter"],
+            ["no such folder"],
+        ),
+        (["generate", "--prompt", "hi", "--model", "/no/such/folder"], ["no such file or folder"]),
+    ],
+)
 def test_option_errors_come_before_the_model_loads(capsys, no_model_load, argv, words):
     assert_one_line_error(cli(capsys, *argv), *words)
 
@@ -460,17 +559,47 @@ def test_the_draft_model_loads_with_the_requested_dtype(tmp_path, capsys, monkey
     monkeypatch.setattr(hf2q_py, "load", fake_load)
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    rc, out, err = cli(capsys, "generate", "--prompt", "ab", "--model", str(model), "--method", "draft",
-                       "--draft-model", str(model), "--dtype", "float16", "--max-tokens", "3", "--json")
+    rc, out, err = cli(
+        capsys,
+        "generate",
+        "--prompt",
+        "ab",
+        "--model",
+        str(model),
+        "--method",
+        "draft",
+        "--draft-model",
+        str(model),
+        "--dtype",
+        "float16",
+        "--max-tokens",
+        "3",
+        "--json",
+    )
     assert rc == 0, err
     assert loads == ["float16", "float16"]
 
 
-@pytest.mark.parametrize("opts", [
-    dict(temperature="0.5"), dict(k="3"), dict(max_tokens="5"), dict(stop=5), dict(stop=[1]), dict(top_k=1.5),
-    dict(seed="x"), dict(adaptive="no"), dict(ngram_max=2.0), dict(chat_template="yes"), dict(skip_layers=[1.5]),
-    dict(method="layerskip", skip_layers=5), dict(draft=5), dict(k=True), dict(repetition_penalty=None),
-])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        dict(temperature="0.5"),
+        dict(k="3"),
+        dict(max_tokens="5"),
+        dict(stop=5),
+        dict(stop=[1]),
+        dict(top_k=1.5),
+        dict(seed="x"),
+        dict(adaptive="no"),
+        dict(ngram_max=2.0),
+        dict(chat_template="yes"),
+        dict(skip_layers=[1.5]),
+        dict(method="layerskip", skip_layers=5),
+        dict(draft=5),
+        dict(k=True),
+        dict(repetition_penalty=None),
+    ],
+)
 def test_wrongly_typed_python_options_raise_hf2q_error(opts):
     with pytest.raises(Hf2qError):
         hf2q_py.generate(tiny_target("llama"), [1, 2, 3], **{"max_tokens": 2, **opts})
@@ -501,16 +630,20 @@ def test_stop_strings_end_text_and_tokens_at_the_same_place():
         for first, n in ((10, 3), (0, 1), (25, 6)):
             stop = tok.decode(free.tokens[first : first + n])
             cut = free.text.find(stop)
-            r = hf2q_py.generate(target, "hello world", max_tokens=40, stop=[stop, "never"], chat_template=False,
-                                 method=method)
+            r = hf2q_py.generate(
+                target, "hello world", max_tokens=40, stop=[stop, "never"], chat_template=False, method=method
+            )
             assert r.text == free.text[:cut] and r.finish_reason == "stop"
             # the tokens whose text begins before the stop string, no more
             assert r.tokens == [t for t, s in zip(free.tokens, starts) if s < cut]
             if cut in starts:
                 assert tok.decode(r.tokens) == r.text
             assert r.stats.generated_tokens == len(r.tokens)
-            chunks = list(hf2q_py.stream_generate(target, "hello world", max_tokens=40, stop=[stop],
-                                                  chat_template=False, method=method))
+            chunks = list(
+                hf2q_py.stream_generate(
+                    target, "hello world", max_tokens=40, stop=[stop], chat_template=False, method=method
+                )
+            )
             assert "".join(c.text for c in chunks) == r.text
             assert [t for c in chunks for t in c.tokens] == r.tokens
 

@@ -45,7 +45,9 @@ def test_replayed_acceptance_of_a_real_greedy_stream():
     target = tiny_target("llama")
     prompt = (random_prompt(6, 3) * 8)[:40]
     out = hf2q_py.generate(target, prompt, max_tokens=60).tokens
-    (row,) = replay([Stream("t", "code", prompt, out)], "s", {"method": "ngram", "k": 4, "adaptive": False}, COST)
+    (row,) = replay(
+        [Stream("t", "code", prompt, out)], "s", {"method": "ngram", "k": 4, "adaptive": False}, COST
+    )
     assert row.accepted + row.rounds == len(out)
 
 
@@ -71,6 +73,10 @@ def test_a_session_workload_feeds_each_answer_to_the_next_request_and_retries():
 
     w = Workload("s", "agent", "edit A", then=(("next", "edit B of:\n{answer}"), ("retry", None)))
     assert w.requests([]) == [("s", "edit A")]
-    assert [p for _, p in w.requests(["ANSWER1", "ANSWER2"])] == ["edit A", "edit B of:\nANSWER1", "edit B of:\nANSWER1"]
+    assert [p for _, p in w.requests(["ANSWER1", "ANSWER2"])] == [
+        "edit A",
+        "edit B of:\nANSWER1",
+        "edit B of:\nANSWER1",
+    ]
     kinds = {x.kind for x in default_workloads()}
     assert {"code", "agent", "fresh", "prose", "doc"} <= kinds

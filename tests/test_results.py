@@ -22,7 +22,10 @@ def test_a_record_names_the_command_date_machine_and_commit(tmp_path):
     back = results.read(tmp_path / "r.json")
     assert back == rec
     text = results.render(back)
-    assert text.splitlines()[0] == f"`python bench.py --x 1`: {rec['date']}, {rec['machine']}, commit {rec['commit']}"
+    assert (
+        text.splitlines()[0]
+        == f"`python bench.py --x 1`: {rec['date']}, {rec['machine']}, commit {rec['commit']}"
+    )
     assert "Cost:\n\n| what | time |\n|---|---:|\n| a round | 1.0 us |" in text
     assert text.endswith("One run.")
 
@@ -75,12 +78,28 @@ def test_every_benchmark_table_comes_from_a_results_file(doc):
 def test_bench_writes_a_results_file(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(hf2q_py, "load", lambda *a, **k: tiny_target("llama", tokenizer=True))
     path = tmp_path / "bench.json"
-    rc = main(["bench", "--only", "explain", "--max-tokens", "3", "--methods", "ngram:k=2,fixed",
-               "--results", str(path)])
+    rc = main(
+        [
+            "bench",
+            "--only",
+            "explain",
+            "--max-tokens",
+            "3",
+            "--methods",
+            "ngram:k=2,fixed",
+            "--results",
+            str(path),
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     rec = json.loads(path.read_text())
-    assert rec["command"] == f"hf2q-py bench --only explain --max-tokens 3 --methods ngram:k=2,fixed --results {path}"
+    assert (
+        rec["command"]
+        == f"hf2q-py bench --only explain --max-tokens 3 --methods ngram:k=2,fixed --results {path}"
+    )
     assert [t["columns"][:2] for t in rec["tables"]] == [["workload", "method"], ["workload kind", "method"]]
     assert rec["tables"][0]["rows"][0][:2] == ["prose: explain", "ngram:k=2,fixed"]
-    assert rec["data"]["rows"][0]["method"] == "ngram:k=2,fixed" and rec["data"]["settings"]["max_tokens"] == 3
+    assert (
+        rec["data"]["rows"][0]["method"] == "ngram:k=2,fixed" and rec["data"]["settings"]["max_tokens"] == 3
+    )
     assert results.render(rec).count("| prose: explain |") == 1

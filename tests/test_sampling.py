@@ -40,7 +40,9 @@ def samples(target, prompt, runs, **opts):
     out, first_drafted = Counter(), []
     for seed in range(runs):
         rounds = []
-        r = hf2q_py.generate(target, prompt, max_tokens=TOKENS, seed=seed, on_round=rounds.append, **CFG, **opts)
+        r = hf2q_py.generate(
+            target, prompt, max_tokens=TOKENS, seed=seed, on_round=rounds.append, **CFG, **opts
+        )
         out[tuple(r.tokens)] += 1
         first_drafted.append(rounds[0].drafted)
     return out, first_drafted
@@ -77,7 +79,9 @@ METHODS = {
     "ngram": dict(method="ngram", ngram_proposer="lookup", k=2, adaptive=False),
     "suffix": dict(method="ngram", ngram_proposer="suffix", memory=False, k=2, adaptive=False),
     "draft": dict(method="draft", k=2, adaptive=False, draft_p_min=0.0),
-    "draft+copies": dict(method="draft", k=2, adaptive=False, draft_p_min=0.0, draft_suffix_depth=1, memory=False),
+    "draft+copies": dict(
+        method="draft", k=2, adaptive=False, draft_p_min=0.0, draft_suffix_depth=1, memory=False
+    ),
     "layerskip": dict(method="layerskip", skip_layers=[1, 2], k=2, adaptive=False),
     "dflash": dict(method="dflash", k=2, adaptive=False),
     "dflash-vocab": dict(method="dflash", k=2, adaptive=False),  # drafts from half the vocabulary
@@ -97,7 +101,11 @@ def test_first_tokens_follow_the_target_distribution(setup, method):
         if method == "dflash-vocab":  # q is zero outside the subset, where the target still samples
             opts["drafter"].vocab = DraftVocab(range(0, target.vocab_size, 2), target.vocab_size)
             assert {t % 2 for seq in dist for t in seq} == {0, 1}
-    if method in ("ngram", "suffix", "draft+copies"):  # put the likely continuations in the context so drafts happen
+    if method in (
+        "ngram",
+        "suffix",
+        "draft+copies",
+    ):  # put the likely continuations in the context so drafts happen
         prompt = prompt + [t for seq in sorted(dist, key=dist.get)[-3:] for t in seq] + prompt[-2:]
         dist = exact_distribution(target, prompt, SamplingConfig(**CFG))
     counts, first_drafted = samples(target, prompt, RUNS, **opts)
@@ -121,10 +129,18 @@ def test_a_wrong_acceptance_rule_fails_the_same_test(setup):
     draft = tiny_target("llama", seed=1, scale=2.0)
     counts = Counter()
     for seed in range(RUNS):
-        proposer, policy = build_proposer(target, SpecConfig(method="draft", draft=draft, k=2, adaptive=False, draft_p_min=0.0))
+        proposer, policy = build_proposer(
+            target, SpecConfig(method="draft", draft=draft, k=2, adaptive=False, draft_p_min=0.0)
+        )
         out = []
-        for new in generate_tokens(target, prompt, max_tokens=TOKENS, proposer=proposer, policy=policy,
-                                   decider=AlwaysAccept(SamplingConfig(seed=seed, **CFG))):
+        for new in generate_tokens(
+            target,
+            prompt,
+            max_tokens=TOKENS,
+            proposer=proposer,
+            policy=policy,
+            decider=AlwaysAccept(SamplingConfig(seed=seed, **CFG)),
+        ):
             out += new
         counts[tuple(out)] += 1
     in_support = {c: n for c, n in counts.items() if c in dist}
@@ -135,7 +151,9 @@ def test_sampling_keeps_speculating_after_plain_rounds():
     from test_engine import loopy_prompt
 
     target = tiny_target("gemma4_text", scale=1.5)
-    r = hf2q_py.generate(target, loopy_prompt(40), max_tokens=80, temperature=0.3, seed=1, method="ngram", k=4)
+    r = hf2q_py.generate(
+        target, loopy_prompt(40), max_tokens=80, temperature=0.3, seed=1, method="ngram", k=4
+    )
     assert r.stats.empty_proposals > 0 and r.stats.verify_rounds > 3
 
 
@@ -155,7 +173,9 @@ def test_ngram_sampling_emits_what_plain_sampling_emits_with_the_same_seed(k):
     target = tiny_target("llama", scale=1.5)
     prompt = loopy_prompt(30)
     plain = hf2q_py.generate(target, prompt, max_tokens=40, temperature=0.5, seed=3)
-    spec = hf2q_py.generate(target, prompt, max_tokens=40, temperature=0.5, seed=3, method="ngram", k=k, adaptive=False)
+    spec = hf2q_py.generate(
+        target, prompt, max_tokens=40, temperature=0.5, seed=3, method="ngram", k=k, adaptive=False
+    )
     assert spec.stats.accepted > 0
     assert spec.tokens == plain.tokens
 
@@ -163,7 +183,9 @@ def test_ngram_sampling_emits_what_plain_sampling_emits_with_the_same_seed(k):
 def test_seeded_adaptive_draft_model_repeats_exactly():
     target, draft = tiny_target("llama", scale=2.0), tiny_target("llama", seed=1, scale=2.0)
     runs = [
-        hf2q_py.generate(target, random_prompt(8), max_tokens=30, temperature=0.8, seed=5, method="draft", draft=draft)
+        hf2q_py.generate(
+            target, random_prompt(8), max_tokens=30, temperature=0.8, seed=5, method="draft", draft=draft
+        )
         for _ in range(3)
     ]
     assert runs[0].tokens == runs[1].tokens == runs[2].tokens
@@ -171,7 +193,9 @@ def test_seeded_adaptive_draft_model_repeats_exactly():
 
 def test_filters_keep_the_right_tokens():
     logits = mx.log(mx.array([[0.5, 0.3, 0.15, 0.05]]))
-    keep = lambda **kw: (np.array(filtered_probs(logits, SamplingConfig(temperature=1.0, **kw))[0]) > 0).tolist()
+    keep = lambda **kw: (
+        np.array(filtered_probs(logits, SamplingConfig(temperature=1.0, **kw))[0]) > 0
+    ).tolist()
     assert keep(top_k=2) == [True, True, False, False]
     assert keep(top_p=0.8) == [True, True, False, False]
     assert keep(top_p=0.81) == [True, True, True, False]
@@ -199,8 +223,17 @@ def test_greedy_with_a_repetition_penalty_is_identical_across_methods():
     assert got == want
 
 
-@pytest.mark.parametrize("opts", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-1),
-                                  dict(min_p=1.0), dict(repetition_penalty=0)])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        dict(temperature=-1),
+        dict(top_p=0),
+        dict(top_p=1.5),
+        dict(top_k=-1),
+        dict(min_p=1.0),
+        dict(repetition_penalty=0),
+    ],
+)
 def test_bad_sampling_options_are_refused(opts):
     with pytest.raises(Hf2qError):
         hf2q_py.generate(tiny_target("llama"), [1, 2], max_tokens=2, **opts)

@@ -47,7 +47,9 @@ def test_the_automaton_finds_the_longest_earlier_suffix_and_counts_occurrences(t
 
 
 @settings(max_examples=100, deadline=None)
-@given(text=st.lists(st.integers(0, 3), min_size=1, max_size=40), query=st.lists(st.integers(0, 4), max_size=30))
+@given(
+    text=st.lists(st.integers(0, 3), min_size=1, max_size=40), query=st.lists(st.integers(0, 4), max_size=30)
+)
 def test_streaming_match_is_the_longest_suffix_that_occurs(text, query):
     sam = SuffixAutomaton()
     sam.extend(text)

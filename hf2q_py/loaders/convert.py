@@ -20,11 +20,11 @@ def parse_dtype(name: str | None) -> mx.Dtype | None:
         return mx.float32 if mx.default_device() == mx.cpu else None
     if name == "keep":
         return None
-    key = {"fp32": "float32", "f32": "float32", "fp16": "float16", "f16": "float16", "bf16": "bfloat16"}.get(name, name)
+    key = {"fp32": "float32", "f32": "float32", "fp16": "float16", "f16": "float16", "bf16": "bfloat16"}.get(
+        name, name
+    )
     if key not in DTYPES:
-        raise Hf2qError(
-            f"unknown dtype {name!r}: use auto, keep, float32, float16 or bfloat16"
-        )
+        raise Hf2qError(f"unknown dtype {name!r}: use auto, keep, float32, float16 or bfloat16")
     return DTYPES[key]
 
 

@@ -62,9 +62,7 @@ ARCHS: dict[str, ArchSpec] = {
     "qwen2": ArchSpec("qwen2", {**_COMMON, **_PRE_MLP_NORM}),
     "qwen3": ArchSpec("qwen3", {**_COMMON, **_PRE_MLP_NORM, **_QK_NORM}),
     "phi3": ArchSpec("phi3", _PHI3),
-    "gemma2": ArchSpec(
-        "gemma2", {**_COMMON, **_GEMMA_NORMS}, norm_plus_one=True, scaled_query_layers=46
-    ),
+    "gemma2": ArchSpec("gemma2", {**_COMMON, **_GEMMA_NORMS}, norm_plus_one=True, scaled_query_layers=46),
     "gemma3": ArchSpec(
         "gemma3_text",
         {**_COMMON, **_GEMMA_NORMS, **_QK_NORM},
@@ -108,7 +106,9 @@ def gguf_config(header: GGUFHeader) -> dict[str, Any]:
         "hidden_size": hidden,
         "intermediate_size": _per_layer(get("feed_forward_length"), "feed_forward_length", name),
         "num_attention_heads": heads,
-        "num_key_value_heads": _per_layer(get("attention.head_count_kv", heads), "attention.head_count_kv", name),
+        "num_key_value_heads": _per_layer(
+            get("attention.head_count_kv", heads), "attention.head_count_kv", name
+        ),
         "head_dim": head_dim,
         "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-6),
         "vocab_size": get("vocab_size") or (embed.shape[0] if embed else len(tokens)),
@@ -133,7 +133,9 @@ def gguf_config(header: GGUFHeader) -> dict[str, Any]:
         cfg["final_logit_softcapping"] = get("final_logit_softcapping", 30.0)
     if spec.model_type == "gemma3_text":
         cfg["sliding_window"] = get("attention.sliding_window", 512)
-        cfg["sliding_window_pattern"] = _sliding_pattern(get("attention.sliding_window_pattern", 6), n_layers, name)
+        cfg["sliding_window_pattern"] = _sliding_pattern(
+            get("attention.sliding_window_pattern", 6), n_layers, name
+        )
     scaling = _rope_scaling(header)
     if scaling is not None:
         cfg["rope_scaling"] = scaling
@@ -144,7 +146,9 @@ def _per_layer(value: Any, key: str, file: str) -> int:
     """Per-layer lists (as some GGUFs write) must be uniform for mlx-lm's models."""
     if isinstance(value, list):
         if len(set(value)) != 1:
-            raise UnsupportedModelError(f"{file}: GGUF {key} varies per layer ({sorted(set(value))}); not supported")
+            raise UnsupportedModelError(
+                f"{file}: GGUF {key} varies per layer ({sorted(set(value))}); not supported"
+            )
         return value[0]
     return value
 
@@ -155,7 +159,9 @@ def _sliding_pattern(value: Any, n_layers: int, file: str) -> int:
         return int(value)
     period = value.index(False) + 1 if False in value else n_layers + 1
     if value != [(i + 1) % period != 0 for i in range(len(value))]:
-        raise UnsupportedModelError(f"{file}: GGUF sliding-window layer pattern {value} is not periodic; not supported")
+        raise UnsupportedModelError(
+            f"{file}: GGUF sliding-window layer pattern {value} is not periodic; not supported"
+        )
     return period
 
 
@@ -172,7 +178,9 @@ def _rope_scaling(header: GGUFHeader) -> dict[str, Any] | None:
         return None
     if kind == "linear" and header.architecture != "phi3":
         return {"rope_type": "linear", "factor": float(header.arch_key("rope.scaling.factor", 1.0))}
-    raise UnsupportedModelError(f"{header.path.name}: GGUF rope scaling {kind!r} is not supported (only linear and llama3)")
+    raise UnsupportedModelError(
+        f"{header.path.name}: GGUF rope scaling {kind!r} is not supported (only linear and llama3)"
+    )
 
 
 def mlx_name(gguf_name: str, spec: ArchSpec) -> str | None:

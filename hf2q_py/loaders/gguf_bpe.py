@@ -24,11 +24,17 @@ def _pre_tokenizer(name: str | None):
         return pt.Sequence([pt.Digits(individual_digits=True), byte_level])
     if name in ("qwen2", "deepseek-r1-qwen"):
         return pt.Sequence(
-            [pt.Split(Regex(_QWEN2), behavior="isolated"), pt.ByteLevel(add_prefix_space=False, use_regex=False)]
+            [
+                pt.Split(Regex(_QWEN2), behavior="isolated"),
+                pt.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
         )
     if name in ("llama-bpe", "llama3"):
         return pt.Sequence(
-            [pt.Split(Regex(_LLAMA3), behavior="isolated"), pt.ByteLevel(add_prefix_space=False, use_regex=False)]
+            [
+                pt.Split(Regex(_LLAMA3), behavior="isolated"),
+                pt.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
         )
     if name not in (None, "default", "gpt-2", "gpt2"):
         warnings.warn(f"GGUF pre-tokenizer {name!r} is not known to hf2q-py; using GPT-2's", stacklevel=4)

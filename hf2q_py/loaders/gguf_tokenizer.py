@@ -40,7 +40,9 @@ def check_tokenizer(header: GGUFHeader) -> None:
         raise ModelLoadError(f"{header.path.name}: GGUF metadata lacks tokenizer.ggml.tokens")
     for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
         if key in meta and len(meta[key]) != len(tokens):
-            raise ModelLoadError(f"{header.path.name}: {key} has {len(meta[key])} entries for {len(tokens)} tokens")
+            raise ModelLoadError(
+                f"{header.path.name}: {key} has {len(meta[key])} entries for {len(tokens)} tokens"
+            )
 
 
 def _fast_tokenizer(backend: Any, **kwargs: Any):
@@ -92,7 +94,9 @@ def tokenizer_from_gguf(meta: dict[str, Any]):
         head, tail = (f"{bos} " if add_bos else ""), (f" {eos}" if add_eos else "")
         specials = {t: tok.token_to_id(t) for t in (bos if add_bos else None, eos if add_eos else None) if t}
         tok.post_processor = processors.TemplateProcessing(
-            single=f"{head}$A{tail}", pair=f"{head}$A{tail} {head}$B{tail}", special_tokens=list(specials.items())
+            single=f"{head}$A{tail}",
+            pair=f"{head}$A{tail} {head}$B{tail}",
+            special_tokens=list(specials.items()),
         )
     hf = _fast_tokenizer(
         tok,

@@ -77,9 +77,7 @@ class Proposer:
         """Up to ``k`` (>= 1) draft tokens to follow ``tokens``; an empty Draft for none."""
         raise NotImplementedError
 
-    def update(
-        self, tokens: Sequence[int], drafted: int, accepted: int, hidden: dict[int, Any]
-    ) -> None:
+    def update(self, tokens: Sequence[int], drafted: int, accepted: int, hidden: dict[int, Any]) -> None:
         """After a round: ``tokens`` now holds every committed token; ``hidden``
         the captured states of the round's target forward (positions of the
         inputs, accepted ones first)."""
@@ -87,6 +85,7 @@ class Proposer:
     def finish(self, tokens: Sequence[int]) -> None:
         """Called once when generation ends (also when it is stopped early),
         with every committed token, prompt included."""
+
 
 class PlainDecoding(Proposer):
     """No drafts: the engine decodes one token per round (the baseline)."""

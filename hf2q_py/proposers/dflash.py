@@ -73,7 +73,9 @@ class DFlashProposer(Proposer):
         if self.pending:
             feats = mx.concatenate(self.pending, axis=1) if len(self.pending) > 1 else self.pending[0]
             self.pending = []
-        block = mx.array([[tokens[-1]] + [self.cfg.mask_token_id] * (self.cfg.block_size - 1)], dtype=mx.uint32)
+        block = mx.array(
+            [[tokens[-1]] + [self.cfg.mask_token_id] * (self.cfg.block_size - 1)], dtype=mx.uint32
+        )
         h = self.drafter(self.head.embed(block), feats, cache=self.cache)
         logits = self.head.draft_logits(h[0, 1 : n + 1])
         if self.vocab is not None:

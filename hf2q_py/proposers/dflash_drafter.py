@@ -97,8 +97,17 @@ class DrafterConfig:
         dflash = cfg.get("dflash_config") or {}
         if not isinstance(dflash, dict):
             raise Hf2qError("drafter config.json: dflash_config must be an object")
-        missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                               "vocab_size") if k not in cfg]
+        missing = [
+            k
+            for k in (
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "intermediate_size",
+                "vocab_size",
+            )
+            if k not in cfg
+        ]
         missing += [f"dflash_config.{k}" for k in ("mask_token_id", "target_layer_ids") if k not in dflash]
         if missing:
             raise Hf2qError(f"drafter config.json lacks {', '.join(missing)}")
@@ -133,15 +142,25 @@ class DrafterConfig:
     def to_dict(self) -> dict[str, Any]:
         """The published config.json layout."""
         d = asdict(self)
-        dflash = {"mask_token_id": d.pop("mask_token_id"), "target_layer_ids": list(d.pop("target_layer_ids"))}
+        dflash = {
+            "mask_token_id": d.pop("mask_token_id"),
+            "target_layer_ids": list(d.pop("target_layer_ids")),
+        }
         d["layer_types"] = list(d["layer_types"])
         for optional in ("rope_scaling", "is_causal", "input_embedding_scale"):
             if d[optional] is None:
                 d.pop(optional)
         if "input_embedding_scale" in d:
             dflash["input_embedding_scale"] = d.pop("input_embedding_scale")
-        return {"architectures": [ARCHITECTURE], "model_type": "qwen3", **d, "dflash_config": dflash,
-                "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False}
+        return {
+            "architectures": [ARCHITECTURE],
+            "model_type": "qwen3",
+            **d,
+            "dflash_config": dflash,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "tie_word_embeddings": False,
+        }
 
 
 def _check_types(cfg: dict[str, Any], dflash: dict[str, Any]) -> None:
@@ -150,9 +169,21 @@ def _check_types(cfg: dict[str, Any], dflash: dict[str, Any]) -> None:
     def field_int(name: str, value: Any, lo: int) -> None:
         check_int(f"drafter config.json: {name}", value, lo)
 
-    for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"):
+    for name in (
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "vocab_size",
+    ):
         field_int(name, cfg[name], 1)
-    for name in ("num_key_value_heads", "head_dim", "num_target_layers", "max_position_embeddings", "sliding_window"):
+    for name in (
+        "num_key_value_heads",
+        "head_dim",
+        "num_target_layers",
+        "max_position_embeddings",
+        "sliding_window",
+    ):
         if cfg.get(name) is not None:
             field_int(name, cfg[name], 1)
     kv = cfg.get("num_key_value_heads")
@@ -221,7 +252,10 @@ class DrafterAttention(nn.Module):
         v = self._heads(self.v_proj(x), self.n_kv_heads, None)
         S = ctx_k.shape[2]
         if ctx_k.shape[0] != N:
-            ctx_k, ctx_v = mx.broadcast_to(ctx_k, (N, *ctx_k.shape[1:])), mx.broadcast_to(ctx_v, (N, *ctx_v.shape[1:]))
+            ctx_k, ctx_v = (
+                mx.broadcast_to(ctx_k, (N, *ctx_k.shape[1:])),
+                mx.broadcast_to(ctx_v, (N, *ctx_v.shape[1:])),
+            )
         keys, values = mx.concatenate([ctx_k, k], axis=2), mx.concatenate([ctx_v, v], axis=2)
         mask = None
         if self.window is not None and S:
@@ -234,12 +268,19 @@ class DrafterAttention(nn.Module):
         block = self._block_mask(L)
         if ctx_visible is not None or block is not None:
             n = ctx_visible.shape[0] if ctx_visible is not None else 1
-            ctx = mx.ones((n, 1, L, S), dtype=mx.bool_) if ctx_visible is None else mx.broadcast_to(ctx_visible, (n, 1, L, S))
-            blk = mx.ones((n, 1, L, L), dtype=mx.bool_) if block is None else mx.broadcast_to(block, (n, 1, L, L))
+            ctx = (
+                mx.ones((n, 1, L, S), dtype=mx.bool_)
+                if ctx_visible is None
+                else mx.broadcast_to(ctx_visible, (n, 1, L, S))
+            )
+            blk = (
+                mx.ones((n, 1, L, L), dtype=mx.bool_)
+                if block is None
+                else mx.broadcast_to(block, (n, 1, L, L))
+            )
             mask = mx.concatenate([ctx, blk], axis=-1)
         out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(N, L, -1))
-
 
     def _block_mask(self, L: int) -> mx.array | None:
         """Which block keys each block query sees: None for all of them."""
@@ -306,8 +347,9 @@ class Drafter(nn.Module):
         self.hidden_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.layers = [DrafterLayer(cfg, i) for i in range(cfg.num_hidden_layers)]
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self._rope = initialize_rope(cfg.head_dim, cfg.rope_theta, False, cfg.rope_scaling,
-                                     cfg.max_position_embeddings)
+        self._rope = initialize_rope(
+            cfg.head_dim, cfg.rope_theta, False, cfg.rope_scaling, cfg.max_position_embeddings
+        )
         #: the reduced draft vocabulary, or None for the target's whole vocabulary
         self.vocab: DraftVocab | None = None
 
@@ -373,7 +415,9 @@ class DraftVocab:
             raise Hf2qError("a draft vocabulary lists a token twice")
         bad = [i for i in ids if not 0 <= i < vocab_size]
         if bad:
-            raise Hf2qError(f"draft vocabulary token {bad[0]} is outside the target's vocabulary ({vocab_size})")
+            raise Hf2qError(
+                f"draft vocabulary token {bad[0]} is outside the target's vocabulary ({vocab_size})"
+            )
         self.token_ids, self.vocab_size = ids, vocab_size
         self.ids = mx.array(ids, dtype=mx.int32)
         #: subset position of every target token, -1 outside the subset
@@ -414,7 +458,9 @@ def _subset_rows(target: Any, ids: mx.array):
     head = getattr(target.lm, "lm_head", None)
     module = head if head is not None else target.embed_tokens
     weight = getattr(module, "weight", None)
-    if weight is None or not isinstance(module, (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding)):
+    if weight is None or not isinstance(
+        module, (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding)
+    ):
         raise Hf2qError(f"a draft vocabulary needs a linear LM head; {type(module).__name__} is not one")
     w = weight[ids]
     bias = module["bias"][ids] if "bias" in module else None
@@ -424,13 +470,23 @@ def _subset_rows(target: Any, ids: mx.array):
         mode = getattr(module, "mode", "affine")
 
         def logits(h: mx.array) -> mx.array:
-            out = mx.quantized_matmul(h, w, scales, biases, transpose=True, group_size=module.group_size,
-                                      bits=module.bits, mode=mode)
+            out = mx.quantized_matmul(
+                h,
+                w,
+                scales,
+                biases,
+                transpose=True,
+                group_size=module.group_size,
+                bits=module.bits,
+                mode=mode,
+            )
             return out + bias if bias is not None else out
     else:
+
         def logits(h: mx.array) -> mx.array:
             out = h @ w.T
             return out + bias if bias is not None else out
+
     mx.eval(w)
     return logits
 
@@ -440,9 +496,13 @@ class TargetHead:
     ``input_embedding_scale``) and LM head (with its softcap), lent to the
     drafter; with a ``vocab``, ``draft_logits`` scores only its tokens."""
 
-    def __init__(self, target: Any, input_embedding_scale: float | None = None, vocab: DraftVocab | None = None):
+    def __init__(
+        self, target: Any, input_embedding_scale: float | None = None, vocab: DraftVocab | None = None
+    ):
         if target._decoder is None or target.embed_tokens is None:
-            raise Hf2qError(f"cannot find the embedding of {type(target.model).__name__} to lend to the drafter")
+            raise Hf2qError(
+                f"cannot find the embedding of {type(target.model).__name__} to lend to the drafter"
+            )
         self.embed_tokens = target.embed_tokens
         self.scale = target.embed_scale
         if input_embedding_scale is not None:  # the drafter's config overrides it
@@ -486,7 +546,9 @@ def check_against_target(cfg: DrafterConfig, target: Any) -> None:
             f"the drafter's hidden size ({cfg.hidden_size}) differs from the target's ({target.hidden_size})"
         )
     if target.vocab_size is not None and cfg.vocab_size != target.vocab_size:
-        raise Hf2qError(f"the drafter's vocabulary ({cfg.vocab_size}) differs from the target's ({target.vocab_size})")
+        raise Hf2qError(
+            f"the drafter's vocabulary ({cfg.vocab_size}) differs from the target's ({target.vocab_size})"
+        )
     bad = [i for i in cfg.target_layer_ids if not 0 <= i < target.num_layers]
     if bad:
         raise Hf2qError(
@@ -511,10 +573,12 @@ def load_drafter(path: str | Path, dtype: Any = None) -> Drafter:
     try:
         raw = json.loads((path / "config.json").read_text())
     except ValueError as e:  # not JSON, or not UTF-8
-        raise ModelLoadError(f"drafter config {path / 'config.json'} is not valid JSON: {one_line(e)}") from None
+        raise ModelLoadError(
+            f"drafter config {path / 'config.json'} is not valid JSON: {one_line(e)}"
+        ) from None
     if not isinstance(raw, dict):
         raise ModelLoadError(f"drafter config {path / 'config.json'} must hold an object")
-    arch = (raw.get("architectures") or [ARCHITECTURE])
+    arch = raw.get("architectures") or [ARCHITECTURE]
     arch = arch[0] if isinstance(arch, list) else arch
     if arch != ARCHITECTURE:
         raise ModelLoadError(f"unsupported drafter architecture {arch!r} (expected {ARCHITECTURE})")
@@ -546,7 +610,7 @@ def _read_vocab(path: Path, vocab_size: int) -> DraftVocab:
         raise ModelLoadError(f"draft vocabulary {path} is not valid JSON: {one_line(e)}") from None
     ids = raw.get("token_ids") if isinstance(raw, dict) else None
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise ModelLoadError(f"draft vocabulary {path} must hold {{\"token_ids\": [integers]}}")
+        raise ModelLoadError(f'draft vocabulary {path} must hold {{"token_ids": [integers]}}')
     try:
         return DraftVocab(ids, vocab_size)
     except Hf2qError as e:
@@ -579,10 +643,18 @@ def default_layer_ids(num_target_layers: int, n: int) -> list[int]:
     return [round(start + i * (end - start) / (n - 1)) for i in range(n)]
 
 
-def drafter_for(target: Any, *, layers: int = 1, target_layer_ids: Sequence[int] | None = None,
-                block_size: int = 16, mask_token_id: int | None = None, seed: int = 0,
-                layer_types: Sequence[str] | None = None, sliding_window: int | None = None,
-                warm_start: bool = False) -> Drafter:
+def drafter_for(
+    target: Any,
+    *,
+    layers: int = 1,
+    target_layer_ids: Sequence[int] | None = None,
+    block_size: int = 16,
+    mask_token_id: int | None = None,
+    seed: int = 0,
+    layer_types: Sequence[str] | None = None,
+    sliding_window: int | None = None,
+    warm_start: bool = False,
+) -> Drafter:
     """A freshly initialised drafter shaped after ``target`` (Qwen3-style
     layers with the target's width and head layout). ``warm_start``: each
     drafter layer starts as a copy of one of the target's last layers (see
@@ -621,10 +693,15 @@ def drafter_for(target: Any, *, layers: int = 1, target_layer_ids: Sequence[int]
 
 #: (drafter name, target name) of the tensors a warm start copies in each layer
 WARM_TENSORS = (
-    ("self_attn.q_proj", "self_attn.q_proj"), ("self_attn.k_proj", "self_attn.k_proj"),
-    ("self_attn.v_proj", "self_attn.v_proj"), ("self_attn.o_proj", "self_attn.o_proj"),
-    ("mlp.gate_proj", "mlp.gate_proj"), ("mlp.up_proj", "mlp.up_proj"), ("mlp.down_proj", "mlp.down_proj"),
-    ("input_layernorm", "input_layernorm"), ("post_attention_layernorm", "post_attention_layernorm"),
+    ("self_attn.q_proj", "self_attn.q_proj"),
+    ("self_attn.k_proj", "self_attn.k_proj"),
+    ("self_attn.v_proj", "self_attn.v_proj"),
+    ("self_attn.o_proj", "self_attn.o_proj"),
+    ("mlp.gate_proj", "mlp.gate_proj"),
+    ("mlp.up_proj", "mlp.up_proj"),
+    ("mlp.down_proj", "mlp.down_proj"),
+    ("input_layernorm", "input_layernorm"),
+    ("post_attention_layernorm", "post_attention_layernorm"),
 )
 
 
@@ -643,8 +720,13 @@ def warm_start_from(drafter: Drafter, target: Any) -> list[str]:
         source = getattr(source, "layer", source)  # a capture tap wraps the layer
         for mine, theirs in WARM_TENSORS:
             dst, src = _submodule(layer, mine), _submodule(source, theirs)
-            if dst is None or src is None or not isinstance(src, type(dst) if type(dst) is nn.RMSNorm else
-                                                                  (nn.Linear, nn.QuantizedLinear)):
+            if (
+                dst is None
+                or src is None
+                or not isinstance(
+                    src, type(dst) if type(dst) is nn.RMSNorm else (nn.Linear, nn.QuantizedLinear)
+                )
+            ):
                 continue  # e.g. Gemma's RMSNorm stores 1 + w: a different parametrisation
             w = _dense_weight(src)
             if w is None or w.shape != dst.weight.shape or "bias" in dst or "bias" in src:
@@ -668,6 +750,12 @@ def _dense_weight(module: Any) -> mx.array | None:
     if w is None:
         return None
     if "scales" in module:
-        return mx.dequantize(w, module.scales, module.get("biases"), group_size=module.group_size, bits=module.bits,
-                             mode=getattr(module, "mode", "affine"))
+        return mx.dequantize(
+            w,
+            module.scales,
+            module.get("biases"),
+            group_size=module.group_size,
+            bits=module.bits,
+            mode=getattr(module, "mode", "affine"),
+        )
     return mx.array(w)

@@ -44,6 +44,7 @@ DRAFT_PRIOR_RATE = 0.8
 def relative_cost(target: Target, draft: Target) -> float:
     """A prior for the cost of one draft-model step relative to a target decode:
     the ratio of their weights' bytes (decoding reads every weight once)."""
+
     def size(t: Target) -> int:
         return sum(v.nbytes for _, v in tree_flatten(t.model.parameters()))
 
@@ -177,11 +178,15 @@ def build(target: Target, spec) -> DraftModelProposer:
         draft = target.remembered[key]
     check_compatible(target, draft)
     copies = spec.draft_suffix_depth > 0
-    model = DraftModelProposer(draft, spec.draft_p_min, lazy_prefill=copies, cost=relative_cost(target, draft))
+    model = DraftModelProposer(
+        draft, spec.draft_p_min, lazy_prefill=copies, cost=relative_cost(target, draft)
+    )
     if not copies:
         return model
     from .combined import CombinedProposer
     from .suffix import SuffixOptions, SuffixProposer
 
-    copier = SuffixProposer(SuffixOptions(min_prob=spec.suffix_min_prob), target.memory if spec.memory else None)
+    copier = SuffixProposer(
+        SuffixOptions(min_prob=spec.suffix_min_prob), target.memory if spec.memory else None
+    )
     return CombinedProposer(model, copier, spec.draft_suffix_depth, model_k=spec.draft_length)

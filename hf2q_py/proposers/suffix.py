@@ -116,7 +116,7 @@ class SuffixAutomaton:
             if not children:
                 break
             if len(children) == 1:
-                (c, t), = children.items()
+                ((c, t),) = children.items()
             else:
                 if len(children) > MAX_BRANCH:
                     break
@@ -187,8 +187,13 @@ class SuffixProposer(Proposer):
     #: Measured by offline replay of the built-in model's greedy answers to
     #: the bench workloads; adaptive K starts from these, not a flat guess.
     key_priors = {
-        **{(d, False): p for d, p in {1: 0.45, 2: 0.6, 3: 0.75, 4: 0.85, 8: 0.93, 16: 0.96, 32: 0.98}.items()},
-        **{(d, True): (0.3, p) for d, p in {1: 0.5, 2: 0.7, 3: 0.8, 4: 0.85, 8: 0.85, 16: 0.9, 32: 0.95}.items()},
+        **{
+            (d, False): p for d, p in {1: 0.45, 2: 0.6, 3: 0.75, 4: 0.85, 8: 0.93, 16: 0.96, 32: 0.98}.items()
+        },
+        **{
+            (d, True): (0.3, p)
+            for d, p in {1: 0.5, 2: 0.7, 3: 0.8, 4: 0.85, 8: 0.85, 16: 0.9, 32: 0.95}.items()
+        },
     }
 
     def __init__(self, options: SuffixOptions | None = None, memory: DraftMemory | None = None):
@@ -230,7 +235,9 @@ class SuffixProposer(Proposer):
             if mem is not None and len(mem):
                 s, m = self._mem_state
                 step = mem.sam.step
-                for c in new_for_memory[-mem.window :] if len(new_for_memory) > mem.window else new_for_memory:
+                for c in (
+                    new_for_memory[-mem.window :] if len(new_for_memory) > mem.window else new_for_memory
+                ):
                     s, m = step(s, m, c)
                 self._mem_state = (s, m)
                 if m > best[2]:
@@ -272,4 +279,6 @@ class SuffixProposer(Proposer):
         """Remember the generation with the prompt's last ``memory.lead``
         tokens before it, so a retried prompt matches from its first token."""
         if self.memory is not None and len(tokens) > self.prompt_len:
-            self.memory.add(tokens[max(0, self.prompt_len - self.memory.lead) :], len(tokens) - self.prompt_len)
+            self.memory.add(
+                tokens[max(0, self.prompt_len - self.memory.lead) :], len(tokens) - self.prompt_len
+            )

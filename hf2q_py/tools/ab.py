@@ -63,7 +63,9 @@ def _top2(logits: mx.array) -> list[tuple[int, float]]:
     return [(int(i), float(v)) for i, v in zip(idx, vals)]
 
 
-def baseline_trace(target: Target, prompt: list[int], max_tokens: int) -> tuple[list[int], list[list[tuple[int, float]]]]:
+def baseline_trace(
+    target: Target, prompt: list[int], max_tokens: int
+) -> tuple[list[int], list[list[tuple[int, float]]]]:
     """Plain greedy decoding (the baseline's single-token forwards) with the
     top-2 logits of every step."""
     rt = target.runtime()
@@ -126,13 +128,15 @@ def compare(
 
     mt = method_tokens[i] if i < len(method_tokens) else -1
     bt = base_tokens[i] if i < len(base_tokens) else top[0][0]
-    context = f"...{text(base_tokens[max(0, i - 8):i])}[ baseline: {text([bt])!r} | method: {text([mt]) if mt >= 0 else '<end>'!r} ]"
+    context = f"...{text(base_tokens[max(0, i - 8) : i])}[ baseline: {text([bt])!r} | method: {text([mt]) if mt >= 0 else '<end>'!r} ]"
     div = Divergence(i, bt, mt, context, top, _top2(batched), margin)
     verdict = "near-tie" if margin <= bound else "MISMATCH"
     return ABResult(prompt_text, label, verdict, len(base_tokens), len(method_tokens), min_margin, div)
 
 
-def mlx_lm_draft_tokens(target: Target, draft: Target, prompt: list[int], max_tokens: int, k: int) -> list[int]:
+def mlx_lm_draft_tokens(
+    target: Target, draft: Target, prompt: list[int], max_tokens: int, k: int
+) -> list[int]:
     """mlx-lm's own ``speculative_generate_step`` with the same pair, for comparison."""
     from mlx_lm.generate import speculative_generate_step
 
@@ -168,8 +172,10 @@ def run_ab(
         base, tops = baseline_trace(target, ids, max_tokens)
         if noise is None:
             noise = near_tie_bound(target, ids + base)
-            log(f"near-tie bound {noise.bound:.3g} (2 x max |batched - single| logit difference "
-                f"{noise.max_logit_diff:.3g} over {noise.positions} positions)")
+            log(
+                f"near-tie bound {noise.bound:.3g} (2 x max |batched - single| logit difference "
+                f"{noise.max_logit_diff:.3g} over {noise.positions} positions)"
+            )
         for label, opts in methods:
             if label.startswith("mlx-lm-draft"):
                 toks = mlx_lm_draft_tokens(target, opts["draft"], ids, max_tokens, opts.get("k", 4))
@@ -195,6 +201,8 @@ def table(results: Sequence[ABResult]) -> str:
         margin = f"{d.margin:.3g}" if d else "-"
         btop = ", ".join(f"{t}:{v:.3f}" for t, v in d.batched_top2) if d else "-"
         prompt = r.prompt.replace("\n", " ").replace("|", "\\|")
-        rows.append(f"| {prompt} | {r.method} | {r.verdict} | {r.baseline_tokens}/{r.method_tokens} | "
-                    f"{first} | {margin} | {btop} | {r.min_margin:.3g} |")
+        rows.append(
+            f"| {prompt} | {r.method} | {r.verdict} | {r.baseline_tokens}/{r.method_tokens} | "
+            f"{first} | {margin} | {btop} | {r.min_margin:.3g} |"
+        )
     return "\n".join(rows)

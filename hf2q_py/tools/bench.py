@@ -97,17 +97,28 @@ def run_bench(
                 s = res[0].stats
                 sampled = common.get("temperature", 0) > 0
                 ident = None if sampled else res[0].tokens == base[0].tokens
-                row = BenchRow(name, w.kind, m.label, len(res[0].tokens), rate, base_rate,
-                               s.acceptance_rate, s.mean_accepted_length, ident,
-                               drafted_per_accepted=s.drafted / s.accepted if s.accepted else 0.0)
+                row = BenchRow(
+                    name,
+                    w.kind,
+                    m.label,
+                    len(res[0].tokens),
+                    rate,
+                    base_rate,
+                    s.acceptance_rate,
+                    s.mean_accepted_length,
+                    ident,
+                    drafted_per_accepted=s.drafted / s.accepted if s.accepted else 0.0,
+                )
                 if ident is False:
                     a, b = res[0].tokens, base[0].tokens
                     i = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
                     row.first_diff = i
                     row.margin = top2_margin(target, ids + b[:i])
                 rows.append(row)
-                log(f"  {m.label}: {rate:.1f} tok/s ({row.speedup:.2f}x), acceptance {s.acceptance_rate:.0%}, "
-                    f"mean accepted length {s.mean_accepted_length:.2f}, identical={ident}")
+                log(
+                    f"  {m.label}: {rate:.1f} tok/s ({row.speedup:.2f}x), acceptance {s.acceptance_rate:.0%}, "
+                    f"mean accepted length {s.mean_accepted_length:.2f}, identical={ident}"
+                )
     return rows
 
 
@@ -128,16 +139,44 @@ def bench_tables(rows: Sequence[BenchRow]) -> list[dict]:
             ident = "yes"
         else:
             ident = f"no: first diff at {r.first_diff}, top-2 margin {r.margin:.3g}"
-        cells.append([r.workload, r.method, r.tokens, f"{r.baseline_tok_s:.1f}", f"{r.tok_s:.1f}",
-                      f"{r.speedup:.2f}x", f"{r.acceptance:.0%}", f"{r.mean_accepted_length:.2f}",
-                      f"{r.drafted_per_accepted:.2f}", ident])
+        cells.append(
+            [
+                r.workload,
+                r.method,
+                r.tokens,
+                f"{r.baseline_tok_s:.1f}",
+                f"{r.tok_s:.1f}",
+                f"{r.speedup:.2f}x",
+                f"{r.acceptance:.0%}",
+                f"{r.mean_accepted_length:.2f}",
+                f"{r.drafted_per_accepted:.2f}",
+                ident,
+            ]
+        )
     by_kind: dict[tuple[str, str], list[float]] = {}
     for r in rows:
         by_kind.setdefault((r.kind, r.method), []).append(r.speedup)
-    summary = [[kind, method, f"{sum(xs) / len(xs):.2f}x", f"{min(xs):.2f}x"] for (kind, method), xs in by_kind.items()]
+    summary = [
+        [kind, method, f"{sum(xs) / len(xs):.2f}x", f"{min(xs):.2f}x"]
+        for (kind, method), xs in by_kind.items()
+    ]
     return [
-        table(["workload", "method", "tokens", "baseline tok/s", "method tok/s", "speed-up", "acceptance",
-               "mean accepted length", "drafted per accepted", "identical"], cells, "llrrrrrrrl"),
+        table(
+            [
+                "workload",
+                "method",
+                "tokens",
+                "baseline tok/s",
+                "method tok/s",
+                "speed-up",
+                "acceptance",
+                "mean accepted length",
+                "drafted per accepted",
+                "identical",
+            ],
+            cells,
+            "llrrrrrrrl",
+        ),
         table(["workload kind", "method", "mean speed-up", "lowest speed-up"], summary, "llrr"),
     ]
 

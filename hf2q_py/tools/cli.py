@@ -31,9 +31,21 @@ def _positive_int(text: str) -> int:
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="model folder, HF repo id (local cache) or GGUF file; default: built-in SmolLM2-135M-Instruct")
-    p.add_argument("--dtype", default="auto", help="auto (float32 on CPU, stored weights on GPU), keep, float32, float16, bfloat16")
-    p.add_argument("--no-openblas", action="store_true", help="keep MLX's own BLAS on Linux CPUs (slower; bit-identical batched/single-token matmuls)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model folder, HF repo id (local cache) or GGUF file; default: built-in SmolLM2-135M-Instruct",
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (float32 on CPU, stored weights on GPU), keep, float32, float16, bfloat16",
+    )
+    p.add_argument(
+        "--no-openblas",
+        action="store_true",
+        help="keep MLX's own BLAS on Linux CPUs (slower; bit-identical batched/single-token matmuls)",
+    )
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -58,13 +70,28 @@ def add_method_flags(p: argparse.ArgumentParser, note: str = "") -> None:
         text = f"{o.help} [{users}{note}]"
         if o.kind == "bool":
             group = p.add_mutually_exclusive_group()
-            group.add_argument(o.cli_flag, dest=o.name, action="store_true", default=argparse.SUPPRESS, help=text)
-            group.add_argument(o.cli_off_flag, dest=o.name, action="store_false", default=argparse.SUPPRESS,
-                               help=f"{o.name} off (as {o.name}=no)")
+            group.add_argument(
+                o.cli_flag, dest=o.name, action="store_true", default=argparse.SUPPRESS, help=text
+            )
+            group.add_argument(
+                o.cli_off_flag,
+                dest=o.name,
+                action="store_false",
+                default=argparse.SUPPRESS,
+                help=f"{o.name} off (as {o.name}=no)",
+            )
         else:
-            metavar = {"int": "N", "float": "X", "choice": "{" + ",".join(o.choices) + "}"}.get(o.kind, o.name.upper())
-            p.add_argument(o.cli_flag, dest=o.name, type=_option_type(o), default=argparse.SUPPRESS,
-                           metavar=metavar, help=text)
+            metavar = {"int": "N", "float": "X", "choice": "{" + ",".join(o.choices) + "}"}.get(
+                o.kind, o.name.upper()
+            )
+            p.add_argument(
+                o.cli_flag,
+                dest=o.name,
+                type=_option_type(o),
+                default=argparse.SUPPRESS,
+                metavar=metavar,
+                help=text,
+            )
 
 
 def _option_type(option):
@@ -99,8 +126,14 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def sampling_options(args: argparse.Namespace) -> dict:
-    return dict(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed,
-                repetition_penalty=args.repetition_penalty)
+    return dict(
+        temperature=args.temp,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        seed=args.seed,
+        repetition_penalty=args.repetition_penalty,
+    )
 
 
 def parse_command_methods(text: str, args: argparse.Namespace, defaults: dict | None = None):
@@ -180,11 +213,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("ab", help="compare methods with plain greedy decoding token by token")
     add_model_args(a)
-    a.add_argument("--methods", default="ngram", help="method specs as for generate --method, separated by ';' "
-                   "(or ',' when none has options); also mlx-lm-draft[:draft=PATH,k=N], mlx-lm's own speculative decoding")
+    a.add_argument(
+        "--methods",
+        default="ngram",
+        help="method specs as for generate --method, separated by ';' "
+        "(or ',' when none has options); also mlx-lm-draft[:draft=PATH,k=N], mlx-lm's own speculative decoding",
+    )
     a.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     a.add_argument("--prompt-file", default=None, help="a file holding one prompt")
-    a.add_argument("--prompts", default=None, help='JSONL file: one prompt per line, a string or {"prompt": ...}')
+    a.add_argument(
+        "--prompts", default=None, help='JSONL file: one prompt per line, a string or {"prompt": ...}'
+    )
     a.add_argument("--max-tokens", type=_positive_int, default=128)
     add_method_flags(a, note="; ab: k defaults to 4")
     a.add_argument("--no-chat-template", action="store_true")
@@ -193,44 +232,106 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="methods vs plain decoding on real workloads (Markdown table)")
     add_model_args(b)
-    b.add_argument("--methods", default="ngram", help="method specs as for generate --method, separated by ';' "
-                   "(or ',' when none has options), e.g. 'ngram;ngram:k=4,fixed'")
+    b.add_argument(
+        "--methods",
+        default="ngram",
+        help="method specs as for generate --method, separated by ';' "
+        "(or ',' when none has options), e.g. 'ngram;ngram:k=4,fixed'",
+    )
     add_method_flags(b)
     b.add_argument("--max-tokens", type=_positive_int, default=256)
     b.add_argument("--repeats", type=_positive_int, default=1)
     b.add_argument("--temp", type=float, default=0.0, help="sampling temperature for every run (0: greedy)")
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--only", default=None, help="run only workloads whose name contains this text (or one of several, comma-separated)")
+    b.add_argument(
+        "--only",
+        default=None,
+        help="run only workloads whose name contains this text (or one of several, comma-separated)",
+    )
     b.add_argument("--markdown", default=None, help="also write the table to this file")
-    b.add_argument("--results", default=None, help="also write a results file (JSON: command, date, machine, "
-                   "commit, tables, rows) for python -m hf2q_py.tools.tables")
+    b.add_argument(
+        "--results",
+        default=None,
+        help="also write a results file (JSON: command, date, machine, "
+        "commit, tables, rows) for python -m hf2q_py.tools.tables",
+    )
     b.add_argument("--chart", default=None, help="write a PNG chart here (needs matplotlib)")
 
     t = sub.add_parser("train-dflash", help="train a DFlash block drafter for a model by self-distillation")
     t.add_argument("--target", default=None, help="target model (as --model); default: the built-in model")
     t.add_argument("--dtype", default="auto", help="target dtype (as for generate)")
-    t.add_argument("--out", required=True, help="drafter folder to write (and resume from); must be new, empty or an earlier train-dflash run")
-    t.add_argument("--overwrite", action="store_true", help="start a new run in --out, deleting its config.json, *.safetensors and earlier run state")
-    t.add_argument("--prompts", default=None, help="prompt file (JSONL or one per line); default: built-in code-editing set")
-    t.add_argument("--samples", type=_positive_int, default=240, help="prompts the target answers for training data")
+    t.add_argument(
+        "--out",
+        required=True,
+        help="drafter folder to write (and resume from); must be new, empty or an earlier train-dflash run",
+    )
+    t.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start a new run in --out, deleting its config.json, *.safetensors and earlier run state",
+    )
+    t.add_argument(
+        "--prompts",
+        default=None,
+        help="prompt file (JSONL or one per line); default: built-in code-editing set",
+    )
+    t.add_argument(
+        "--samples", type=_positive_int, default=240, help="prompts the target answers for training data"
+    )
     t.add_argument("--max-new-tokens", type=_positive_int, default=256, help="length of each answer")
     t.add_argument("--layers", type=_positive_int, default=2, help="drafter decoder layers")
-    t.add_argument("--block-size", type=int, default=8, help="tokens per block (last token + masks); drafts per round = block-size - 1")
-    t.add_argument("--target-layers", default=None, help="target layer ids to condition on, e.g. 1,14,27 (default: 3 spread)")
-    t.add_argument("--mask-token-id", type=int, default=None, help="token id used as the mask (default: the last id)")
+    t.add_argument(
+        "--block-size",
+        type=int,
+        default=8,
+        help="tokens per block (last token + masks); drafts per round = block-size - 1",
+    )
+    t.add_argument(
+        "--target-layers",
+        default=None,
+        help="target layer ids to condition on, e.g. 1,14,27 (default: 3 spread)",
+    )
+    t.add_argument(
+        "--mask-token-id", type=int, default=None, help="token id used as the mask (default: the last id)"
+    )
     t.add_argument("--steps", type=_positive_int, default=3000)
     t.add_argument("--anchors", type=_positive_int, default=16, help="blocks per step")
     t.add_argument("--lr", type=float, default=2e-3)
-    t.add_argument("--ce-positions", type=int, default=3, help="block positions trained with cross-entropy through the head (-1: all)")
-    t.add_argument("--hidden-weight", type=float, default=1.0, help="weight of the final-state regression on every block position")
-    t.add_argument("--holdout", type=int, default=16, help="sequences kept out of training for the acceptance estimate")
+    t.add_argument(
+        "--ce-positions",
+        type=int,
+        default=3,
+        help="block positions trained with cross-entropy through the head (-1: all)",
+    )
+    t.add_argument(
+        "--hidden-weight",
+        type=float,
+        default=1.0,
+        help="weight of the final-state regression on every block position",
+    )
+    t.add_argument(
+        "--holdout", type=int, default=16, help="sequences kept out of training for the acceptance estimate"
+    )
     t.add_argument("--eval-every", type=_positive_int, default=250)
     t.add_argument("--checkpoint-every", type=_positive_int, default=250)
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--max-minutes", type=float, default=None, help="stop training after this long, with a checkpoint")
-    t.add_argument("--draft-vocab", type=_positive_int, default=None, help="draft only among the N most frequent tokens of the training answers (default: the whole vocabulary)")
-    t.add_argument("--warm-start", action="store_true", help="start the drafter layers as copies of the target's last layers")
-    t.add_argument("--gen-batch", type=_positive_int, default=8, help="answers decoded at a time for the training data")
+    t.add_argument(
+        "--max-minutes", type=float, default=None, help="stop training after this long, with a checkpoint"
+    )
+    t.add_argument(
+        "--draft-vocab",
+        type=_positive_int,
+        default=None,
+        help="draft only among the N most frequent tokens of the training answers (default: the whole vocabulary)",
+    )
+    t.add_argument(
+        "--warm-start",
+        action="store_true",
+        help="start the drafter layers as copies of the target's last layers",
+    )
+    t.add_argument(
+        "--gen-batch", type=_positive_int, default=8, help="answers decoded at a time for the training data"
+    )
     t.add_argument("--no-openblas", action="store_true", help=argparse.SUPPRESS)
     return parser
 
@@ -247,14 +348,31 @@ def cmd_train_dflash(args: argparse.Namespace) -> int:
         try:
             layer_ids = [int(x) for x in args.target_layers.split(",") if x.strip()]
         except ValueError:
-            raise Hf2qError(f"--target-layers must be comma-separated integers, got {args.target_layers!r}") from None
+            raise Hf2qError(
+                f"--target-layers must be comma-separated integers, got {args.target_layers!r}"
+            ) from None
     cfg = TrainConfig(
-        out=args.out, layers=args.layers, block_size=args.block_size, target_layer_ids=layer_ids,
-        mask_token_id=args.mask_token_id, samples=args.samples, max_new_tokens=args.max_new_tokens,
-        steps=args.steps, anchors=args.anchors, lr=args.lr, holdout=args.holdout, eval_every=args.eval_every,
-        ce_positions=None if args.ce_positions == -1 else args.ce_positions, hidden_weight=args.hidden_weight,
-        checkpoint_every=args.checkpoint_every, seed=args.seed, max_minutes=args.max_minutes,
-        overwrite=args.overwrite, draft_vocab=args.draft_vocab, warm_start=args.warm_start, gen_batch=args.gen_batch,
+        out=args.out,
+        layers=args.layers,
+        block_size=args.block_size,
+        target_layer_ids=layer_ids,
+        mask_token_id=args.mask_token_id,
+        samples=args.samples,
+        max_new_tokens=args.max_new_tokens,
+        steps=args.steps,
+        anchors=args.anchors,
+        lr=args.lr,
+        holdout=args.holdout,
+        eval_every=args.eval_every,
+        ce_positions=None if args.ce_positions == -1 else args.ce_positions,
+        hidden_weight=args.hidden_weight,
+        checkpoint_every=args.checkpoint_every,
+        seed=args.seed,
+        max_minutes=args.max_minutes,
+        overwrite=args.overwrite,
+        draft_vocab=args.draft_vocab,
+        warm_start=args.warm_start,
+        gen_batch=args.gen_batch,
     )
     cfg.validate()
     parse_dtype(args.dtype)
@@ -267,7 +385,9 @@ def cmd_train_dflash(args: argparse.Namespace) -> int:
     target = hf2q_py.load(args.target, dtype=args.dtype)
     cfg.check_target(target)  # before the slow data generation
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    rows = self_distill(target, prompts, data, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch, log=log)
+    rows = self_distill(
+        target, prompts, data, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch, log=log
+    )
     train(target, cfg, rows, log=log)
     print(f"drafter written to {args.out} (use: hf2q-py generate --method dflash --drafter {args.out})")
     return 0
@@ -292,8 +412,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     workloads = [w for w in default_workloads() if not only or any(x in w.name for x in only)]
     if not workloads:
         raise Hf2qError(f"no workload matches --only {args.only!r}")
-    for path, what in ((args.markdown, "--markdown file"), (args.chart, "--chart file"),
-                       (args.results, "--results file")):
+    for path, what in (
+        (args.markdown, "--markdown file"),
+        (args.chart, "--chart file"),
+        (args.results, "--results file"),
+    ):
         if path:
             check_writable(path, what)
     parse_dtype(args.dtype)
@@ -301,8 +424,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     target = hf2q_py.load(args.model, dtype=args.dtype)
     load_drafts(methods, args.dtype)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    rows = run_bench(target, workloads, methods, max_tokens=args.max_tokens, repeats=args.repeats,
-                     common=common, log=log)
+    rows = run_bench(
+        target, workloads, methods, max_tokens=args.max_tokens, repeats=args.repeats, common=common, log=log
+    )
     table = markdown_table(rows)
     header = (
         f"hf2q-py bench, {timestamp()}: model {target.source}, dtype {args.dtype}, "
@@ -315,7 +439,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.results:
         write_bench_results(args, target, rows)
     if args.chart and not save_chart(rows, args.chart):
-        print("hf2q-py: matplotlib is not installed; no chart written (pip install 'hf2q-py[chart]')", file=sys.stderr)
+        print(
+            "hf2q-py: matplotlib is not installed; no chart written (pip install 'hf2q-py[chart]')",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -327,12 +454,24 @@ def write_bench_results(args: argparse.Namespace, target, rows) -> None:
     from hf2q_py.tools import results
     from hf2q_py.tools.bench import bench_tables
 
-    settings = dict(model=str(target.source), dtype=args.dtype, max_tokens=args.max_tokens, repeats=args.repeats,
-                    temperature=args.temp, openblas=hf2q_py.openblas_status().state)
-    notes = (f"Model {Path(str(target.source)).name}, dtype {args.dtype}, at most {args.max_tokens} new tokens, "
-             f"median of {args.repeats} alternating run(s), temperature {args.temp}; decode tok/s.")
-    rec = results.record("hf2q-py " + shlex.join(args.argv), bench_tables(rows), notes=notes,
-                         data={"settings": settings, "rows": [asdict(r) for r in rows]})
+    settings = dict(
+        model=str(target.source),
+        dtype=args.dtype,
+        max_tokens=args.max_tokens,
+        repeats=args.repeats,
+        temperature=args.temp,
+        openblas=hf2q_py.openblas_status().state,
+    )
+    notes = (
+        f"Model {Path(str(target.source)).name}, dtype {args.dtype}, at most {args.max_tokens} new tokens, "
+        f"median of {args.repeats} alternating run(s), temperature {args.temp}; decode tok/s."
+    )
+    rec = results.record(
+        "hf2q-py " + shlex.join(args.argv),
+        bench_tables(rows),
+        notes=notes,
+        data={"settings": settings, "rows": [asdict(r) for r in rows]},
+    )
     results.write(args.results, rec)
 
 
@@ -344,8 +483,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from hf2q_py.loaders.convert import parse_dtype
 
     spec = parse_command_methods(args.method, args)[0]  # every option is checked before the model loads
-    config = make_config(max_tokens=args.max_tokens, stop=tuple(args.stop), chat_template=not args.no_chat_template,
-                         **spec.options, **sampling_options(args))
+    config = make_config(
+        max_tokens=args.max_tokens,
+        stop=tuple(args.stop),
+        chat_template=not args.no_chat_template,
+        **spec.options,
+        **sampling_options(args),
+    )
     parse_dtype(args.dtype)
     check_source(args.model)
     check_sources([spec])
@@ -423,7 +567,9 @@ def parse_ab_methods(args: argparse.Namespace) -> list:
     for text in parts:
         name, colon, rest = text.partition(":")
         if name.strip() not in (*METHODS, MLX_LM_DRAFT):
-            raise Hf2qError(f"unknown method {name.strip()!r} for ab; choose from {', '.join([*METHODS, MLX_LM_DRAFT])}")
+            raise Hf2qError(
+                f"unknown method {name.strip()!r} for ab; choose from {', '.join([*METHODS, MLX_LM_DRAFT])}"
+            )
         spec = parse_method("draft" + colon + rest if name.strip() == MLX_LM_DRAFT else text)
         if name.strip() == MLX_LM_DRAFT and set(spec.options) - {"method", "draft", "k"}:
             raise Hf2qError(f"{MLX_LM_DRAFT} takes draft and k only, got {text!r}")
@@ -461,8 +607,9 @@ def cmd_ab(args: argparse.Namespace) -> int:
             m.options = {"draft": m.options["draft"], "k": m.options["k"]}
     encoded = [(p, encode_prompt(target, p, not args.no_chat_template)) for p in prompts]
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    results, noise = run_ab(target, encoded, [(m.label, m.options) for m in methods], max_tokens=args.max_tokens,
-                            log=log)
+    results, noise = run_ab(
+        target, encoded, [(m.label, m.options) for m in methods], max_tokens=args.max_tokens, log=log
+    )
     mismatches = sum(r.verdict == "MISMATCH" for r in results)
     summary = (
         f"near-tie bound {noise.bound:.3g}: 2 x the largest |batched - single-token| logit difference "
@@ -501,6 +648,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("hf2q-py: interrupted", file=sys.stderr)
         return 130
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -24,13 +24,63 @@ from ..errors import Hf2qError
 BENCHMARK_MODULES = {"textwrap", "statistics", "heapq", "shlex", "json"}
 
 SOURCE_MODULES = (
-    "argparse", "base64", "bisect", "calendar", "colorsys", "configparser", "csv", "difflib", "dis",
-    "email.utils", "fnmatch", "fractions", "ftplib", "functools", "genericpath", "getopt", "gettext",
-    "glob", "gzip", "html", "imaplib", "inspect", "ipaddress", "locale", "mimetypes", "ntpath",
-    "numbers", "operator", "optparse", "pathlib", "pickle", "pkgutil", "platform", "posixpath",
-    "pprint", "quopri", "random", "reprlib", "sched", "secrets", "shutil", "smtplib", "string",
-    "tarfile", "tempfile", "tokenize", "trace", "traceback", "types", "urllib.parse", "uu", "uuid",
-    "warnings", "wave", "weakref", "webbrowser", "zipfile",
+    "argparse",
+    "base64",
+    "bisect",
+    "calendar",
+    "colorsys",
+    "configparser",
+    "csv",
+    "difflib",
+    "dis",
+    "email.utils",
+    "fnmatch",
+    "fractions",
+    "ftplib",
+    "functools",
+    "genericpath",
+    "getopt",
+    "gettext",
+    "glob",
+    "gzip",
+    "html",
+    "imaplib",
+    "inspect",
+    "ipaddress",
+    "locale",
+    "mimetypes",
+    "ntpath",
+    "numbers",
+    "operator",
+    "optparse",
+    "pathlib",
+    "pickle",
+    "pkgutil",
+    "platform",
+    "posixpath",
+    "pprint",
+    "quopri",
+    "random",
+    "reprlib",
+    "sched",
+    "secrets",
+    "shutil",
+    "smtplib",
+    "string",
+    "tarfile",
+    "tempfile",
+    "tokenize",
+    "trace",
+    "traceback",
+    "types",
+    "urllib.parse",
+    "uu",
+    "uuid",
+    "warnings",
+    "wave",
+    "weakref",
+    "webbrowser",
+    "zipfile",
 )
 
 CODE_TASKS = (
@@ -83,7 +133,9 @@ def _functions(module_name: str, min_lines: int, max_lines: int) -> Iterator[tup
             n = node.end_lineno - node.lineno + 1
             if min_lines <= n <= max_lines:
                 src = "\n".join(lines[node.lineno - 1 : node.end_lineno]) + "\n"
-                names = sorted({t.id for t in ast.walk(node) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)})
+                names = sorted(
+                    {t.id for t in ast.walk(node) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
+                )
                 yield src, names
 
 
@@ -91,7 +143,12 @@ def default_prompts(n: int, seed: int = 0, min_lines: int = 6, max_lines: int = 
     """``n`` prompts: about 85% code edits of standard-library functions, the
     rest document tasks on module docstrings (benchmark modules excluded)."""
     rng = random.Random(seed)
-    funcs = [f for m in SOURCE_MODULES if m.split(".")[0] not in BENCHMARK_MODULES for f in _functions(m, min_lines, max_lines)]
+    funcs = [
+        f
+        for m in SOURCE_MODULES
+        if m.split(".")[0] not in BENCHMARK_MODULES
+        for f in _functions(m, min_lines, max_lines)
+    ]
     docs = []
     for m in SOURCE_MODULES:
         parsed = _parse(m)
@@ -115,8 +172,9 @@ def default_prompts(n: int, seed: int = 0, min_lines: int = 6, max_lines: int = 
     return prompts
 
 
-def batched_greedy(target, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-                   batch_size: int) -> list[list[int]]:
+def batched_greedy(
+    target, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, batch_size: int
+) -> list[list[int]]:
     """The target's greedy answer to each token prompt (EOS excluded, at most
     ``max_new_tokens``), decoded ``batch_size`` rows at a time.
 
@@ -132,8 +190,12 @@ def batched_greedy(target, prompts: Sequence[Sequence[int]], *, max_new_tokens: 
     if not prompts:
         return []
     stop = [[t] for t in sorted(target.eos_token_ids)]
-    gen = BatchGenerator(target.model, stop_tokens=stop or None, completion_batch_size=batch_size,
-                         prefill_batch_size=batch_size)
+    gen = BatchGenerator(
+        target.model,
+        stop_tokens=stop or None,
+        completion_batch_size=batch_size,
+        prefill_batch_size=batch_size,
+    )
     try:
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         uids = gen.insert([list(prompts[i]) for i in order], [max_new_tokens] * len(prompts))

@@ -42,8 +42,16 @@ from mlx.utils import tree_flatten, tree_unflatten
 from ..draft_length import MAX_K
 from ..errors import Hf2qError
 from ..validate import check_bool, check_float, check_int
-from ..proposers.dflash_drafter import (Drafter, DrafterConfig, TargetHead, default_layer_ids, drafter_for,
-                                        frequency_vocab, load_drafter, save_drafter)
+from ..proposers.dflash_drafter import (
+    Drafter,
+    DrafterConfig,
+    TargetHead,
+    default_layer_ids,
+    drafter_for,
+    frequency_vocab,
+    load_drafter,
+    save_drafter,
+)
 
 STATE_DIR = "train-state"
 RUN_FILE = "run.json"  # what the run's data was made from (see run_record)
@@ -74,14 +82,24 @@ class TrainConfig:
     checkpoint_every: int = 250
     seed: int = 0
     max_minutes: float | None = None  # stop (with a checkpoint) after this much training time
-    draft_vocab: int | None = None  # a reduced draft vocabulary of this many tokens (None: the whole vocabulary)
+    draft_vocab: int | None = (
+        None  # a reduced draft vocabulary of this many tokens (None: the whole vocabulary)
+    )
     warm_start: bool = False  # drafter layers start as copies of the target's last layers
     gen_batch: int = 8  # answers decoded at a time for the training data
 
     overwrite: bool = False  # prepare_out: start afresh in a folder holding other files or another run
 
     def validate(self) -> None:
-        for name in ("layers", "samples", "max_new_tokens", "steps", "anchors", "eval_every", "checkpoint_every"):
+        for name in (
+            "layers",
+            "samples",
+            "max_new_tokens",
+            "steps",
+            "anchors",
+            "eval_every",
+            "checkpoint_every",
+        ):
             check_int(name.replace("_", "-"), getattr(self, name), 1, LIMITS.get(name))
         check_int("block-size", self.block_size, 2, MAX_K + 1)
         check_int("holdout", self.holdout, 0)
@@ -126,9 +144,13 @@ class TrainConfig:
             raise Hf2qError(f"target-layers {bad} are out of range for a target with {n} layers (0..{n - 1})")
         vocab = target.vocab_size
         if self.mask_token_id is not None and vocab is not None and self.mask_token_id >= vocab:
-            raise Hf2qError(f"mask-token-id {self.mask_token_id} is outside the target's vocabulary ({vocab})")
+            raise Hf2qError(
+                f"mask-token-id {self.mask_token_id} is outside the target's vocabulary ({vocab})"
+            )
         if self.draft_vocab is not None and vocab is not None and self.draft_vocab > vocab:
-            raise Hf2qError(f"draft-vocab {self.draft_vocab} is larger than the target's vocabulary ({vocab})")
+            raise Hf2qError(
+                f"draft-vocab {self.draft_vocab} is larger than the target's vocabulary ({vocab})"
+            )
 
 
 #: Upper bounds of some options (others only need to be >= 1).
@@ -161,8 +183,12 @@ def target_pass(target, tokens: list[int], layer_ids: Sequence[int]) -> tuple[mx
     rt = target.runtime()
     feats, greedy, finals = [], [], []
     for start in range(0, len(tokens), PREFILL_CHUNK):
-        fwd = rt.forward(tokens[start : start + PREFILL_CHUNK], logits="all", capture_layers=tuple(layer_ids),
-                         capture_final=True)
+        fwd = rt.forward(
+            tokens[start : start + PREFILL_CHUNK],
+            logits="all",
+            capture_layers=tuple(layer_ids),
+            capture_final=True,
+        )
         feats.append(mx.concatenate([fwd.hidden[i] for i in layer_ids], axis=-1).astype(mx.float16))
         greedy.append(mx.argmax(fwd.logits, axis=-1))  # the target's choice after each prefix
         finals.append(fwd.final.astype(mx.float16))
@@ -174,7 +200,9 @@ def target_pass(target, tokens: list[int], layer_ids: Sequence[int]) -> tuple[mx
     return feats, agrees, finals
 
 
-def block_batch(seq: TrainSequence, anchors: mx.array, cfg: DrafterConfig) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+def block_batch(
+    seq: TrainSequence, anchors: mx.array, cfg: DrafterConfig
+) -> tuple[mx.array, mx.array, mx.array, mx.array]:
     """(block tokens (N, B), labels (N, B-1), valid (N, B-1), ctx_visible (N, 1, 1, S))."""
     B, S = cfg.block_size, seq.tokens.shape[0]
     offsets = mx.arange(1, B)
@@ -206,7 +234,9 @@ def block_loss(
     vocabulary the cross-entropy is over its tokens, and labels outside it
     (which the drafter can never propose) do not count in it."""
     block, labels, valid, visible = block_batch(seq, anchors, drafter.config)
-    h = drafter(head.embed(block), seq.features.astype(mx.float32), block_pos=anchors, ctx_visible=visible)[:, 1:]
+    h = drafter(head.embed(block), seq.features.astype(mx.float32), block_pos=anchors, ctx_visible=visible)[
+        :, 1:
+    ]
     w = weights[None] * valid
     P = h.shape[1] if ce_positions is None else min(ce_positions, h.shape[1])
     loss = mx.array(0.0)
@@ -220,7 +250,9 @@ def block_loss(
         loss = (ce * wp).sum() / mx.maximum(wp.sum(), 1e-6)
     if hidden_weight and seq.finals is not None:
         S = seq.tokens.shape[0]
-        idx = mx.minimum(anchors[:, None] + mx.arange(h.shape[1])[None], S - 1)  # state predicting token idx+1
+        idx = mx.minimum(
+            anchors[:, None] + mx.arange(h.shape[1])[None], S - 1
+        )  # state predicting token idx+1
         want = seq.finals[0][idx].astype(mx.float32)
         err = ((h - want) ** 2).mean(axis=-1) / mx.maximum((want**2).mean(axis=-1), 1e-6)
         loss = loss + hidden_weight * (err * w).sum() / mx.maximum(w.sum(), 1e-6)
@@ -252,8 +284,10 @@ def _progress(step: int, total: int, loss: float, mal: float | None, sec: float)
     filled = int(width * step / total)
     eta = sec * (total - step)
     mal_s = f"{mal:.2f}" if mal is not None else "-"
-    return (f"\r[{'#' * filled}{'.' * (width - filled)}] step {step}/{total} loss {loss:.3f} "
-            f"held-out MAL {mal_s} {sec:.2f} s/step eta {eta / 60:.0f} min ")
+    return (
+        f"\r[{'#' * filled}{'.' * (width - filled)}] step {step}/{total} loss {loss:.3f} "
+        f"held-out MAL {mal_s} {sec:.2f} s/step eta {eta / 60:.0f} min "
+    )
 
 
 def state_dir(cfg: TrainConfig) -> Path:
@@ -290,8 +324,12 @@ def run_record(target: str | None, prompts: Sequence[str], max_new_tokens: int) 
     else:
         path = Path(target).expanduser()
         source = str(path.resolve()) if path.exists() else str(target)
-    return {"target": source, "prompts": len(prompts), "prompts_sha256": digest.hexdigest(),
-            "max_new_tokens": max_new_tokens}
+    return {
+        "target": source,
+        "prompts": len(prompts),
+        "prompts_sha256": digest.hexdigest(),
+        "max_new_tokens": max_new_tokens,
+    }
 
 
 def prepare_out(cfg: TrainConfig, record: dict) -> Path:
@@ -321,8 +359,12 @@ def prepare_out(cfg: TrainConfig, record: dict) -> Path:
             old = None
         if old != record:
             what = [k for k in record if not isinstance(old, dict) or old.get(k) != record[k]]
-            names = {"target": "--target", "prompts": "--samples", "prompts_sha256": "--prompts",
-                     "max_new_tokens": "--max-new-tokens"}
+            names = {
+                "target": "--target",
+                "prompts": "--samples",
+                "prompts_sha256": "--prompts",
+                "max_new_tokens": "--max-new-tokens",
+            }
             raise Hf2qError(
                 f"{cfg.out} holds a run with another {', '.join(dict.fromkeys(names[k] for k in what))}: "
                 "resume with the same options, or choose a new --out, or pass --overwrite"
@@ -337,8 +379,14 @@ def prepare_out(cfg: TrainConfig, record: dict) -> Path:
     return path
 
 
-def train(target, cfg: TrainConfig, rows: Sequence[dict], *, log: Callable[[str], None] | None = None,
-          progress: bool = True) -> Drafter:
+def train(
+    target,
+    cfg: TrainConfig,
+    rows: Sequence[dict],
+    *,
+    log: Callable[[str], None] | None = None,
+    progress: bool = True,
+) -> Drafter:
     """Train (or resume training) on ``rows`` ({"prompt_tokens": n, "tokens":
     [...]}, as ``data.self_distill`` writes them); returns the drafter, also
     saved in ``cfg.out``."""
@@ -352,16 +400,29 @@ def train(target, cfg: TrainConfig, rows: Sequence[dict], *, log: Callable[[str]
         drafter = load_drafter(out)
         state = json.loads((work / "trainer.json").read_text())
         old, dcfg = state["config"], drafter.config
-        if (old["block_size"] != cfg.block_size or old["layers"] != cfg.layers
-                or (cfg.target_layer_ids is not None and list(dcfg.target_layer_ids) != list(cfg.target_layer_ids))
-                or (cfg.mask_token_id is not None and dcfg.mask_token_id != cfg.mask_token_id)):
+        if (
+            old["block_size"] != cfg.block_size
+            or old["layers"] != cfg.layers
+            or (
+                cfg.target_layer_ids is not None and list(dcfg.target_layer_ids) != list(cfg.target_layer_ids)
+            )
+            or (cfg.mask_token_id is not None and dcfg.mask_token_id != cfg.mask_token_id)
+        ):
             raise Hf2qError(f"{out} holds a run with other shapes; use another --out or the same options")
         if (len(drafter.vocab) if drafter.vocab is not None else None) != cfg.draft_vocab:
-            raise Hf2qError(f"{out} holds a run with another --draft-vocab; use another --out or the same options")
+            raise Hf2qError(
+                f"{out} holds a run with another --draft-vocab; use another --out or the same options"
+            )
     else:
-        drafter = drafter_for(target, layers=cfg.layers, target_layer_ids=cfg.target_layer_ids,
-                              block_size=cfg.block_size, mask_token_id=cfg.mask_token_id, seed=cfg.seed,
-                              warm_start=cfg.warm_start)
+        drafter = drafter_for(
+            target,
+            layers=cfg.layers,
+            target_layer_ids=cfg.target_layer_ids,
+            block_size=cfg.block_size,
+            mask_token_id=cfg.mask_token_id,
+            seed=cfg.seed,
+            warm_start=cfg.warm_start,
+        )
         state = {"step": 0, "history": []}
         if cfg.draft_vocab is not None:  # ranked on the training answers only (the held-out ones excluded)
             usable = [r["tokens"] for r in rows if len(r["tokens"]) - r["prompt_tokens"] >= 2]
@@ -376,16 +437,25 @@ def train(target, cfg: TrainConfig, rows: Sequence[dict], *, log: Callable[[str]
         if len(toks) - r["prompt_tokens"] < 2:
             continue
         feats, agrees, finals = target_pass(target, toks, dcfg.target_layer_ids)
-        seqs.append(TrainSequence(mx.array(toks, dtype=mx.int32), feats, r["prompt_tokens"] - 1, agrees,
-                              finals if cfg.hidden_weight else None))
+        seqs.append(
+            TrainSequence(
+                mx.array(toks, dtype=mx.int32),
+                feats,
+                r["prompt_tokens"] - 1,
+                agrees,
+                finals if cfg.hidden_weight else None,
+            )
+        )
     if len(seqs) <= cfg.holdout:
         raise Hf2qError(f"only {len(seqs)} usable sequences; need more than holdout={cfg.holdout}")
     held, train_seqs = seqs[: cfg.holdout], seqs[cfg.holdout :]
 
     # -- optimiser ----------------------------------------------------------------
     schedule = optim.join_schedules(
-        [optim.linear_schedule(cfg.lr * 0.01, cfg.lr, cfg.warmup),
-         optim.cosine_decay(cfg.lr, max(1, cfg.steps - cfg.warmup), cfg.lr * 0.05)],
+        [
+            optim.linear_schedule(cfg.lr * 0.01, cfg.lr, cfg.warmup),
+            optim.cosine_decay(cfg.lr, max(1, cfg.steps - cfg.warmup), cfg.lr * 0.05),
+        ],
         [cfg.warmup],
     )
     opt = optim.AdamW(learning_rate=schedule, weight_decay=cfg.weight_decay)
@@ -408,8 +478,11 @@ def train(target, cfg: TrainConfig, rows: Sequence[dict], *, log: Callable[[str]
         return mx.concatenate(lengths).astype(mx.float32).mean().item() if lengths else float("nan")
 
     def checkpoint(step: int, mal: float | None) -> None:
-        save_drafter(drafter, out, extra={"hf2q_training": {"step": step, "held_out_mal": mal,
-                                                            "target": str(target.source)}})
+        save_drafter(
+            drafter,
+            out,
+            extra={"hf2q_training": {"step": step, "held_out_mal": mal, "target": str(target.source)}},
+        )
         mx.save_safetensors(str(work / "optimizer.safetensors"), dict(tree_flatten(opt.state)))
         state.update(step=step, config=asdict(cfg))
         (work / "trainer.json").write_text(json.dumps(state, indent=1) + "\n")
@@ -421,8 +494,11 @@ def train(target, cfg: TrainConfig, rows: Sequence[dict], *, log: Callable[[str]
     for step in range(state["step"] + 1, cfg.steps + 1):
         seq = rng.choice(train_seqs)
         n_prompt = int(cfg.anchors * cfg.prompt_anchors)
-        parts = [x for x in (_anchors(rng, seq, cfg.anchors - n_prompt), _anchors(rng, seq, n_prompt, start=1))
-                 if x is not None and x.size]
+        parts = [
+            x
+            for x in (_anchors(rng, seq, cfg.anchors - n_prompt), _anchors(rng, seq, n_prompt, start=1))
+            if x is not None and x.size
+        ]
         if not parts:
             continue
         a = mx.concatenate(parts)
@@ -434,15 +510,27 @@ def train(target, cfg: TrainConfig, rows: Sequence[dict], *, log: Callable[[str]
             drafter.eval()
             mal = evaluate()
             drafter.train()
-            state["history"].append({"step": step, "loss": round(smooth, 4), "held_out_mal": round(mal, 3),
-                                     "seconds": round(time.perf_counter() - t0, 1)})
+            state["history"].append(
+                {
+                    "step": step,
+                    "loss": round(smooth, 4),
+                    "held_out_mal": round(mal, 3),
+                    "seconds": round(time.perf_counter() - t0, 1),
+                }
+            )
         out_of_time = cfg.max_minutes is not None and time.perf_counter() - t0 > cfg.max_minutes * 60
         if out_of_time and step % cfg.eval_every != 0:
             drafter.eval()
             mal = evaluate()
             drafter.train()
-            state["history"].append({"step": step, "loss": round(smooth, 4), "held_out_mal": round(mal, 3),
-                                     "seconds": round(time.perf_counter() - t0, 1)})
+            state["history"].append(
+                {
+                    "step": step,
+                    "loss": round(smooth, 4),
+                    "held_out_mal": round(mal, 3),
+                    "seconds": round(time.perf_counter() - t0, 1),
+                }
+            )
         if step % cfg.checkpoint_every == 0 or step == cfg.steps or out_of_time:
             checkpoint(step, mal)
         if progress:

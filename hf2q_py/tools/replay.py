@@ -184,7 +184,9 @@ def record_streams(target, workloads, max_tokens: int, log: Callable[[str], None
     return streams
 
 
-def measure_costs(target, context: Sequence[int], widths: Sequence[int] = COST_WIDTHS, repeats: int = 15) -> CostModel:
+def measure_costs(
+    target, context: Sequence[int], widths: Sequence[int] = COST_WIDTHS, repeats: int = 15
+) -> CostModel:
     """Seconds of a forward of each width (all logits) after ``context``: the
     fastest of ``repeats`` (the least disturbed by other work), made
     non-decreasing in the width."""
@@ -193,7 +195,7 @@ def measure_costs(target, context: Sequence[int], widths: Sequence[int] = COST_W
     rt = target.runtime(slack=max(widths) + 2)
     rt.prefill(list(context), logits="none")
     mx.eval(rt.state())
-    feed = list(context)[-max(widths):] * (1 + max(widths) // max(1, len(context)))
+    feed = list(context)[-max(widths) :] * (1 + max(widths) // max(1, len(context)))
     times: dict[int, list[float]] = {w: [] for w in widths}
     for _ in range(repeats + 1):  # the first pass warms up
         for w in widths:
@@ -226,7 +228,9 @@ def load(path: str) -> tuple[list[Stream], CostModel]:
             data = json.load(f)
     except (OSError, ValueError) as e:
         raise Hf2qError(f"cannot read replay streams {path}: {e}") from None
-    cost = CostModel({int(k): float(v) for k, v in data["cost_seconds"].items()}, float(data.get("restart_seconds", 0.0)))
+    cost = CostModel(
+        {int(k): float(v) for k, v in data["cost_seconds"].items()}, float(data.get("restart_seconds", 0.0))
+    )
     return [Stream(**s) for s in data["streams"]], cost
 
 
@@ -234,15 +238,37 @@ def replay_tables(rows: Sequence[ReplayRow]) -> list[dict]:
     """The per-stream table and the per-kind summary (results-file tables)."""
     from .results import table
 
-    cells = [[r.name, r.method, r.tokens, f"{r.mean_accepted_length:.2f}", f"{r.drafted_per_accepted:.2f}",
-              f"{r.speedup:.2f}x"] for r in rows]
+    cells = [
+        [
+            r.name,
+            r.method,
+            r.tokens,
+            f"{r.mean_accepted_length:.2f}",
+            f"{r.drafted_per_accepted:.2f}",
+            f"{r.speedup:.2f}x",
+        ]
+        for r in rows
+    ]
     groups: dict[tuple[str, str], list[float]] = {}
     for r in rows:
         groups.setdefault((r.kind, r.method), []).append(r.speedup)
-    summary = [[kind, method, f"{sum(xs) / len(xs):.2f}x", f"{min(xs):.2f}x"] for (kind, method), xs in groups.items()]
+    summary = [
+        [kind, method, f"{sum(xs) / len(xs):.2f}x", f"{min(xs):.2f}x"]
+        for (kind, method), xs in groups.items()
+    ]
     return [
-        table(["stream", "method", "tokens", "mean accepted length", "drafted per accepted", "modelled speed-up"],
-              cells, "llrrrr"),
+        table(
+            [
+                "stream",
+                "method",
+                "tokens",
+                "mean accepted length",
+                "drafted per accepted",
+                "modelled speed-up",
+            ],
+            cells,
+            "llrrrr",
+        ),
         table(["kind", "method", "mean speed-up", "min speed-up"], summary, "llrr"),
     ]
 
@@ -259,14 +285,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hf2q_py.tools.replay", description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", required=True, help="JSON file of recorded streams and forward costs")
     ap.add_argument("--record", action="store_true", help="record the streams with the model (greedy) first")
-    ap.add_argument("--measure-costs", action="store_true", help="measure the forward costs again (keep the streams)")
+    ap.add_argument(
+        "--measure-costs", action="store_true", help="measure the forward costs again (keep the streams)"
+    )
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--only", default=None, help="replay only streams whose name contains this text")
-    ap.add_argument("--restart-cost", type=float, default=None,
-                    help="extra cost of the first plain decode after a verify round, in decodes "
-                         "(default: the streams file's, else 0)")
-    ap.add_argument("--methods", default="ngram;ngram:ngram_proposer=lookup,k=16",
-                    help="';'-separated methods with options, as for hf2q-py bench")
+    ap.add_argument(
+        "--restart-cost",
+        type=float,
+        default=None,
+        help="extra cost of the first plain decode after a verify round, in decodes "
+        "(default: the streams file's, else 0)",
+    )
+    ap.add_argument(
+        "--methods",
+        default="ngram;ngram:ngram_proposer=lookup,k=16",
+        help="';'-separated methods with options, as for hf2q-py bench",
+    )
     ap.add_argument("--results", default=None, help="also write a results file (JSON) here")
     args = ap.parse_args(argv)
     try:
@@ -290,9 +325,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.restart_cost < 0:
                 raise Hf2qError(f"--restart-cost must be >= 0, got {args.restart_cost}")
             cost.restart = args.restart_cost * cost(1)
-        print("modelled forward cost relative to one token: "
-              + ", ".join(f"{w}: {cost(w) / cost(1):.2f}" for w in sorted(cost.seconds))
-              + f"; pipeline restart after a verify: {cost.restart / cost(1):.2f}\n")
+        print(
+            "modelled forward cost relative to one token: "
+            + ", ".join(f"{w}: {cost(w) / cost(1):.2f}" for w in sorted(cost.seconds))
+            + f"; pipeline restart after a verify: {cost.restart / cost(1):.2f}\n"
+        )
         streams = [s for s in streams if args.only is None or args.only in s.name]
         rows = []
         for m in parse_methods(args.methods):
@@ -301,11 +338,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.results:
             from . import results
 
-            command = "python -m hf2q_py.tools.replay " + shlex.join(list(sys.argv[1:] if argv is None else argv))
-            notes = "Modelled speed-ups: " + ", ".join(
-                f"{w}: {cost(w) / cost(1):.2f}" for w in sorted(cost.seconds)) + " (forward cost relative to one token)."
-            results.write(args.results, results.record(command, replay_tables(rows), notes=notes,
-                                                       data=[asdict(r) for r in rows]))
+            command = "python -m hf2q_py.tools.replay " + shlex.join(
+                list(sys.argv[1:] if argv is None else argv)
+            )
+            notes = (
+                "Modelled speed-ups: "
+                + ", ".join(f"{w}: {cost(w) / cost(1):.2f}" for w in sorted(cost.seconds))
+                + " (forward cost relative to one token)."
+            )
+            results.write(
+                args.results,
+                results.record(command, replay_tables(rows), notes=notes, data=[asdict(r) for r in rows]),
+            )
     except Hf2qError as e:
         print(f"hf2q-py replay: error: {e}")
         return 2

@@ -32,13 +32,25 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], align: str = ""
     align = align or "l" * len(columns)
     if len(align) != len(columns) or any(len(r) != len(columns) for r in rows):
         raise ValueError("every row and the alignment need one entry per column")
-    return {"title": title, "columns": list(columns), "align": align, "rows": [[str(c) for c in r] for r in rows]}
+    return {
+        "title": title,
+        "columns": list(columns),
+        "align": align,
+        "rows": [[str(c) for c in r] for r in rows],
+    }
 
 
 def record(command: str, tables: Sequence[dict], *, notes: str = "", data: Any = None) -> dict:
     """A results record stamped with the date, this machine and the commit."""
-    return {"command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "machine": machine(), "commit": commit(), "tables": list(tables), "notes": notes, "data": data}
+    return {
+        "command": command,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": machine(),
+        "commit": commit(),
+        "tables": list(tables),
+        "notes": notes,
+        "data": data,
+    }
 
 
 def write(path: str | os.PathLike, rec: dict) -> None:
@@ -65,8 +77,10 @@ def machine() -> str:
     import hf2q_py
 
     device = getattr(mx.default_device().type, "name", str(mx.default_device()))
-    return (f"{os.cpu_count()} x {platform.machine()} cores, {platform.system()}, MLX {mx.__version__} "
-            f"({device}), OpenBLAS {hf2q_py.openblas_status().state}")
+    return (
+        f"{os.cpu_count()} x {platform.machine()} cores, {platform.system()}, MLX {mx.__version__} "
+        f"({device}), OpenBLAS {hf2q_py.openblas_status().state}"
+    )
 
 
 def commit() -> str:
@@ -74,8 +88,9 @@ def commit() -> str:
     root = Path(__file__).resolve().parents[2]
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
-                              timeout=30).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
 
     try:
         sha = git("rev-parse", "--short", "HEAD")

@@ -29,6 +29,7 @@ BLOCK = re.compile(r"(<!-- results: (?P<path>[^>]+?) -->\n)(?P<body>.*?)(<!-- /r
 
 def rewrite(text: str, root: Path = Path(".")) -> str:
     """``text`` with every results block rendered from its file."""
+
     def block(m: re.Match) -> str:
         return f"{m.group(1)}{render(read(root / m.group('path').strip()))}\n{m.group(4)}"
 

@@ -66,39 +66,81 @@ def default_workloads() -> list[Workload]:
     dumps = _source("json", "dumps")
     edit2 = "Add type hints to this function. Reply with the full function only.\n\n{answer}"
     return [
-        Workload("code: type hints (statistics.median)", "code",
-                 f"Add type hints to this function. Reply with the full function only.\n\n```python\n{median}```"),
-        Workload("code: rename (textwrap.dedent)", "code",
-                 f"Rename the variable `margin` to `common_prefix` throughout this function. "
-                 f"Reply with the full function only.\n\n```python\n{dedent}```"),
-        Workload("code: docstring (shlex.split)", "code",
-                 f"Rewrite this function with a longer docstring that explains each argument. "
-                 f"Reply with the full function only.\n\n```python\n{split}```"),
-        Workload("code: rename (heapq.nsmallest)", "code",
-                 f"Rename `result` to `smallest` in this function. Reply with the full function only.\n\n"
-                 f"```python\n{nsmallest}```"),
-        Workload("code: comments (statistics.variance)", "code",
-                 f"Add a short comment above each line of this function. Reply with the code only.\n\n"
-                 f"```python\n{variance}```"),
-        Workload("agent: rename (textwrap.indent)", "agent",
-                 f"Rename `predicate` to `should_indent` in this function. Reply with the full function only.\n\n"
-                 f"```python\n{indent}```",
-                 then=(("type hints", edit2), ("retry", None))),
-        Workload("code: re-emit with one change (json.dumps)", "code",
-                 f"Change the default of `sort_keys` to True in this function and reply with the full "
-                 f"function, unchanged otherwise.\n\n```python\n{dumps}```"),
-        Workload("doc: summarise (mlx-lm server guide)", "doc",
-                 f"Summarise this document in a few bullet points, quoting its commands exactly.\n\n{readme}"),
-        Workload("doc: question (mlx-lm LoRA guide)", "doc",
-                 f"{lora}\n\nUsing the document above, list the command-line flags it mentions and what each does."),
-        Workload("doc: question (json module docstring)", "doc",
-                 f"{json_doc}\n\nShow how to encode and decode a dictionary, using the examples above."),
-        Workload("fresh: ini parser", "fresh",
-                 "Write a Python function `parse_ini(text: str) -> dict[str, dict[str, str]]` that parses "
-                 "INI-style text into sections of key-value pairs, skipping comments. Include a docstring."),
-        Workload("fresh: lru cache", "fresh",
-                 "Write a Python class `LRUCache` with `get` and `put` methods and a fixed capacity, "
-                 "using only the standard library, with type hints."),
-        Workload("prose: story", "prose", "Write a short story about a lighthouse keeper who finds a message in a bottle."),
-        Workload("prose: explain", "prose", "Explain to a child why the sky is blue and why sunsets are red."),
+        Workload(
+            "code: type hints (statistics.median)",
+            "code",
+            f"Add type hints to this function. Reply with the full function only.\n\n```python\n{median}```",
+        ),
+        Workload(
+            "code: rename (textwrap.dedent)",
+            "code",
+            f"Rename the variable `margin` to `common_prefix` throughout this function. "
+            f"Reply with the full function only.\n\n```python\n{dedent}```",
+        ),
+        Workload(
+            "code: docstring (shlex.split)",
+            "code",
+            f"Rewrite this function with a longer docstring that explains each argument. "
+            f"Reply with the full function only.\n\n```python\n{split}```",
+        ),
+        Workload(
+            "code: rename (heapq.nsmallest)",
+            "code",
+            f"Rename `result` to `smallest` in this function. Reply with the full function only.\n\n"
+            f"```python\n{nsmallest}```",
+        ),
+        Workload(
+            "code: comments (statistics.variance)",
+            "code",
+            f"Add a short comment above each line of this function. Reply with the code only.\n\n"
+            f"```python\n{variance}```",
+        ),
+        Workload(
+            "agent: rename (textwrap.indent)",
+            "agent",
+            f"Rename `predicate` to `should_indent` in this function. Reply with the full function only.\n\n"
+            f"```python\n{indent}```",
+            then=(("type hints", edit2), ("retry", None)),
+        ),
+        Workload(
+            "code: re-emit with one change (json.dumps)",
+            "code",
+            f"Change the default of `sort_keys` to True in this function and reply with the full "
+            f"function, unchanged otherwise.\n\n```python\n{dumps}```",
+        ),
+        Workload(
+            "doc: summarise (mlx-lm server guide)",
+            "doc",
+            f"Summarise this document in a few bullet points, quoting its commands exactly.\n\n{readme}",
+        ),
+        Workload(
+            "doc: question (mlx-lm LoRA guide)",
+            "doc",
+            f"{lora}\n\nUsing the document above, list the command-line flags it mentions and what each does.",
+        ),
+        Workload(
+            "doc: question (json module docstring)",
+            "doc",
+            f"{json_doc}\n\nShow how to encode and decode a dictionary, using the examples above.",
+        ),
+        Workload(
+            "fresh: ini parser",
+            "fresh",
+            "Write a Python function `parse_ini(text: str) -> dict[str, dict[str, str]]` that parses "
+            "INI-style text into sections of key-value pairs, skipping comments. Include a docstring.",
+        ),
+        Workload(
+            "fresh: lru cache",
+            "fresh",
+            "Write a Python class `LRUCache` with `get` and `put` methods and a fixed capacity, "
+            "using only the standard library, with type hints.",
+        ),
+        Workload(
+            "prose: story",
+            "prose",
+            "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+        ),
+        Workload(
+            "prose: explain", "prose", "Explain to a child why the sky is blue and why sunsets are red."
+        ),
     ]
