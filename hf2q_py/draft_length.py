@@ -101,6 +101,11 @@ class AdaptiveK:
     until measured), with the decode time estimated from the measured widths
     until a plain decode measures it.
 
+    Keys in ``geometric_keys`` (autoregressive drafters: a draft model)
+    share one conditional rate across draft positions, estimated from every
+    position tried: one rejected late draft then lowers K a little instead
+    of pinning it below that position until the evidence decays.
+
     ``timed=False`` replaces measured costs by the prior model, so K depends
     only on acceptance: seeded sampling with a draft model or layer skip
     then repeats exactly (which random draws a position uses depends on
@@ -130,6 +135,7 @@ class AdaptiveK:
     draft_cost_priors: dict = field(default_factory=dict)  # key -> drafting cost per token / decode
     draft_seconds: dict = field(default_factory=dict)  # key -> decayed sum of drafting seconds
     draft_tokens: dict = field(default_factory=dict)  # key -> decayed sum of drafted tokens
+    geometric_keys: frozenset = frozenset()  # keys whose draft positions share one rate
 
     def __post_init__(self):
         validate_k(self.k_max)
@@ -142,6 +148,8 @@ class AdaptiveK:
     def rates(self, key: Hashable = None) -> list[float]:
         """Conditional acceptance estimate at every draft position; a position
         barely tried yet borrows the (pooled) estimate of the one before."""
+        if key in self.geometric_keys:
+            return [self._geometric_rate(key)] * self.k_max
         pooled: list[float] = []
         w = self.prior_weight
         for i in range(self.k_max):
@@ -158,6 +166,18 @@ class AdaptiveK:
         tried, hits = self.keyed[key]
         kw = self.key_weight
         return [(h + p * kw) / (t + kw) for h, p, t in zip(hits, pooled, tried)]
+
+    def _geometric_rate(self, key: Hashable) -> float:
+        """One conditional rate for every draft position of ``key``: accepted
+        over tried drafts (decayed), from the key's prior (or ``prior_rate``)."""
+        if key is None:
+            tried, hits, w = self.tried, self.hits, self.prior_weight
+        else:
+            tried, hits = self.keyed.get(key, ((), ()))
+            w = self.key_weight
+        prior = self.key_priors.get(key, self.prior_rate)
+        prior = prior[1] if isinstance(prior, tuple) else prior
+        return (sum(hits) + prior * w) / (sum(tried) + w)
 
     def rate(self, i: int, key: Hashable = None) -> float:
         """Conditional acceptance estimate at draft position ``i`` (0-based)."""

@@ -174,3 +174,33 @@ def test_split_drafting_drafts_less_when_drafting_is_dear():
         assert policy.draft_cost() == pytest.approx(per_token)
         ks[per_token] = policy.next_k("x")  # drafts right 70% of the time
     assert ks[0.05] > ks[0.6] >= 1
+
+
+def real_pair_round(k: int, accepted: int) -> Round:
+    """A round of the Qwen2.5-Coder 1.5B/0.5B pair on this CPU: target forwards of
+    1/5/9 tokens take 0.65/1.19/1.39 s, a draft step 0.2 s."""
+    verify_s = 0.65 + 0.135 * min(k, 4) + 0.05 * max(k - 4, 0)
+    return timed_round(k, accepted, verify_s, 0.2 * k)
+
+
+def test_one_late_rejection_does_not_pin_a_draft_models_k():
+    # a draft model right 95% of the time; its first probe at K=2 loses the second draft
+    proposer = DraftModelProposer(draft=None, cost=0.3)
+    policy = AdaptiveK(8)
+    proposer.tune(policy)
+    policy.update(real_pair_round(2, 1))
+    ks = []
+    for i in range(30):
+        k = policy.next_k()
+        ks.append(k)
+        policy.update(real_pair_round(k, k if i % 20 else k - 1))
+    # after the rejection K does not stay at 1: measured costs make long drafts pay
+    assert max(ks[:10]) >= 4 and ks[-1] >= 6, ks
+
+
+def test_draft_positions_share_one_rate_for_geometric_keys_only():
+    policy = AdaptiveK(8, geometric_keys=frozenset({"model"}))
+    policy.observe(2, 1, "model")  # first accepted, second rejected
+    policy.observe(2, 1, "copy")
+    assert len(set(policy.rates("model"))) == 1
+    assert policy.rates("copy")[1] < policy.rates("copy")[0]

@@ -46,6 +46,7 @@ class CombinedProposer(Proposer):
     def tune(self, policy) -> None:
         """As the draft model's, with drafting cost kept per source: copies cost none."""
         self.model.tune(policy)
+        policy.geometric_keys = frozenset({MODEL_KEY})
         policy.draft_cost_priors = {MODEL_KEY: self.model.cost, **{key: 0.0 for key in self.key_priors}}
 
     def start(self, runtime, prompt: Sequence[int], hidden, decider) -> None:

@@ -80,8 +80,11 @@ class DraftModelProposer(Proposer):
     def tune(self, policy) -> None:
         """Adaptive K charges drafting per draft token (``split_drafting``),
         from this model's weight-size prior until measured, and starts from
-        the acceptance of a same-family draft model."""
+        the acceptance of a same-family draft model; its draft positions
+        share one acceptance rate (an autoregressive draft errs about as
+        often at every position)."""
         policy.split_drafting = True
+        policy.geometric_keys = frozenset({None})
         policy.prior_rate = DRAFT_PRIOR_RATE
         policy.draft_cost_priors = {None: self.cost}
 
