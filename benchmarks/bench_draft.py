@@ -99,10 +99,11 @@ def engines(args, draft) -> dict:
     """label -> a function (target, ids) -> (Timed, info)."""
     m = args.max_tokens
     common = {"method": "draft", "draft": draft, "draft_p_min": args.p_min}
+    model_only = {**common, "draft_suffix_depth": 0}
     out = {"plain": lambda t, ids: ours(t, ids, m)}
     for k in args.fixed_ks:
-        out[f"hf2q fixed K={k}"] = lambda t, ids, k=k: ours(t, ids, m, k=k, adaptive=False, **common)
-    out["hf2q adaptive"] = lambda t, ids: ours(t, ids, m, k=args.k, **common)
+        out[f"hf2q fixed K={k}"] = lambda t, ids, k=k: ours(t, ids, m, k=k, adaptive=False, **model_only)
+    out["hf2q adaptive"] = lambda t, ids: ours(t, ids, m, k=args.k, **model_only)
     if args.suffix_depth:
         out["hf2q adaptive+copies"] = lambda t, ids: ours(
             t, ids, m, k=args.k, draft_suffix_depth=args.suffix_depth, memory=False, **common

@@ -10,7 +10,7 @@ option, one ``Option`` entry and the ``SpecConfig`` field of that name).
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
@@ -165,10 +165,10 @@ OPTIONS: dict[str, Option] = {
         Option(
             "draft_suffix_depth",
             "int",
-            0,
+            4,
             "draft method: where the context's end occurred earlier at least this "
             "many tokens deep, copy it (suffix proposer, no draft forward) instead of running the draft model; "
-            "0: off (default)",
+            "0: off",
             lambda v: check_int("draft-suffix-depth", v, 0),
         ),
         Option(
@@ -303,13 +303,17 @@ def build_proposer(
 ) -> tuple[Proposer, FixedK | AdaptiveK | NoDrafts]:
     """The proposer and draft-length policy for ``spec``. ``seeded_sampling``:
     the run must repeat exactly, so a proposer that drafts from
-    distributions gets a K that does not depend on timings."""
+    distributions gets a K that does not depend on timings, nor on the
+    Target's memory of earlier generations (which random draws a position
+    uses depends on whether and from where it was drafted)."""
     spec.validate()
     method = method_named(spec.method)
     if method.build is None:
         from .proposers.base import PlainDecoding
 
         return PlainDecoding(), NoDrafts()
+    if seeded_sampling and method.draws_drafts and spec.memory:
+        spec = replace(spec, memory=False)
     proposer = method.builder()(target, spec)
     k = max(spec.draft_length, proposer.min_k_cap)
     policy = AdaptiveK(k, timed=not (seeded_sampling and method.draws_drafts)) if spec.adaptive else FixedK(k)

@@ -49,7 +49,15 @@ def test_the_target_as_its_own_draft_accepts_everything(arch, scale, k):
     prompt = random_prompt(12)
     want = baseline(target, prompt, 48)
     r = hf2q_py.generate(
-        target, prompt, max_tokens=48, method="draft", draft=target, k=k, adaptive=False, draft_p_min=0.0
+        target,
+        prompt,
+        max_tokens=48,
+        method="draft",
+        draft=target,
+        k=k,
+        adaptive=False,
+        draft_p_min=0.0,
+        draft_suffix_depth=0,
     )
     assert_same_greedy(target.model, prompt, r.tokens, want)
     # all drafts accepted (bar numerical near-ties between batched and single-token forwards)

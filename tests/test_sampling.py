@@ -78,7 +78,7 @@ METHODS = {
     "baseline": dict(),
     "ngram": dict(method="ngram", ngram_proposer="lookup", k=2, adaptive=False),
     "suffix": dict(method="ngram", ngram_proposer="suffix", memory=False, k=2, adaptive=False),
-    "draft": dict(method="draft", k=2, adaptive=False, draft_p_min=0.0),
+    "draft": dict(method="draft", k=2, adaptive=False, draft_p_min=0.0, draft_suffix_depth=0),
     "draft+copies": dict(
         method="draft", k=2, adaptive=False, draft_p_min=0.0, draft_suffix_depth=1, memory=False
     ),
