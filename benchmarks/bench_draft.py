@@ -21,13 +21,10 @@ The built-in model as its own draft (every draft accepted; a few minutes):
 from __future__ import annotations
 
 import argparse
-import json
-import platform
+import shlex
 import statistics
-import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hf2q_py
@@ -37,6 +34,7 @@ import hf2q_py  # noqa: E402  first: OpenBLAS before mlx.core
 import mlx.core as mx  # noqa: E402
 from mlx_lm.generate import speculative_generate_step  # noqa: E402
 
+from hf2q_py.tools import results as res  # noqa: E402
 from hf2q_py.tools.workloads import default_workloads  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -113,28 +111,14 @@ def engines(args, draft) -> dict:
     return out
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
-        ).stdout.strip()
-    except OSError:
-        return ""
-
-
 def best(labels, medians, view, prefix):
     """The label with ``prefix`` whose median in ``view`` is highest."""
     cands = [lb for lb in labels if lb.startswith(prefix)]
     return max(cands, key=lambda lb: medians[lb][view]) if cands else None
 
 
-def table(results, labels, view, title) -> list[str]:
-    lines = [
-        f"{title}:",
-        "",
-        "| workload | prompt | tokens | " + " | ".join(labels) + " |",
-        "|---|---:|---:|" + "---:|" * len(labels),
-    ]
+def table(results, labels, view, title) -> dict:
+    rows = []
     for w in results:
         med = w["medians"]
         base = med["plain"][view]
@@ -142,25 +126,43 @@ def table(results, labels, view, title) -> list[str]:
             f"{med[lb][view]:.2f}" + ("" if lb == "plain" else f" ({med[lb][view] / base:.2f}x)")
             for lb in labels
         ]
-        lines.append(f"| {w['name']} | {w['prompt_tokens']} | {w['tokens']} | " + " | ".join(cells) + " |")
-    return lines + [""]
+        rows.append([w["name"], w["prompt_tokens"], w["tokens"], *cells])
+    return res.table(["workload", "prompt", "tokens", *labels], rows, "lrr" + "r" * len(labels), title)
 
 
-def versus(results, labels, view) -> list[str]:
+def versus(results, labels, view) -> dict:
     """Each hf2q variant against mlx-lm's best K, per workload."""
     ours_ = [lb for lb in labels if lb.startswith("hf2q")]
-    lines = [
-        f"{view}: against mlx-lm with its best K (per workload)",
-        "",
-        "| workload | mlx-lm best | " + " | ".join(ours_) + " |",
-        "|---|---|" + "---:|" * len(ours_),
-    ]
+    rows = []
     for w in results:
         med = w["medians"]
         ref = best(labels, med, view, "mlx-lm")
-        cells = [f"{med[lb][view] / med[ref][view]:.2f}x" for lb in ours_]
-        lines.append(f"| {w['name']} | {ref} ({med[ref][view]:.2f}) | " + " | ".join(cells) + " |")
-    return lines + [""]
+        rows.append(
+            [
+                w["name"],
+                f"{ref} ({med[ref][view]:.2f})",
+                *(f"{med[lb][view] / med[ref][view]:.2f}x" for lb in ours_),
+            ]
+        )
+    title = f"{view}: against mlx-lm with its best K (per workload)"
+    return res.table(["workload", "mlx-lm best", *ours_], rows, "ll" + "r" * len(ours_), title)
+
+
+def acceptance(results, labels) -> dict:
+    ours_ = [lb for lb in labels if lb.startswith("hf2q")]
+    rows = []
+    for w in results:
+        acc = [f"{statistics.median(r['acceptance'] for r in w['runs'][lb]):.0%}" for lb in ours_]
+        same = (
+            "all"
+            if all(w["identical"].values())
+            else ", ".join(lb for lb, ok in w["identical"].items() if not ok) + " differ"
+        )
+        rows.append([w["name"], *acc, same])
+    columns = ["workload", *(f"{lb} acceptance" for lb in ours_), "identical to plain"]
+    return res.table(
+        columns, rows, "l" + "r" * len(ours_) + "l", "acceptance, and outputs against plain greedy decoding"
+    )
 
 
 def main():
@@ -259,57 +261,27 @@ def main():
 
 
 def report(args, labels, results, started) -> None:
-    """Print the tables and (``--out``) write them and the raw results."""
-    meta = {
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
-        "commit": commit(),
-        "machine": f"{platform.machine()}, {platform.system()}, mlx {mx.__version__}",
-        "max_tokens": args.max_tokens,
-        "repeats": args.repeats,
-        "p_min": args.p_min,
-        "suffix_depth": args.suffix_depth,
-        "k": args.k,
-        "minutes": round((time.time() - started) / 60, 1),
-    }
-    lines = [
-        f"`python benchmarks/{meta['command']}` ({meta['date']}, commit {meta['commit']}, {meta['machine']}); "
-        f"target {args.target}, draft {args.draft}, float32, {args.max_tokens} new tokens, medians of "
-        f"{args.repeats}, draft_p_min {args.p_min}, adaptive K <= {args.k}, copies at match depth >= "
-        f"{args.suffix_depth}; {meta['minutes']} min",
-        "",
+    """Print the tables and (``--out``) write them with the raw results as a
+    results file, ``benchmarks/results/<out>.json``."""
+    minutes = round((time.time() - started) / 60, 1)
+    tables = [
+        table(results, labels, "steady", "steady decode, tok/s after the first round (prefills excluded)"),
+        table(results, labels, "whole", "whole generation, tok/s (prefills included)"),
+        versus(results, labels, "steady"),
+        versus(results, labels, "whole"),
+        acceptance(results, labels),
     ]
-    lines += table(
-        results, labels, "steady", "steady decode, tok/s after the first round (prefills excluded)"
+    notes = (
+        f"Target {Path(args.target).name}, draft {Path(args.draft).name}, float32, {args.max_tokens} new "
+        f"tokens, medians of {args.repeats}, draft_p_min {args.p_min}, adaptive K <= {args.k}, copies at "
+        f"match depth >= {args.suffix_depth}; {minutes} min of timing."
     )
-    lines += table(results, labels, "whole", "whole generation, tok/s (prefills included)")
-    lines += versus(results, labels, "steady") + versus(results, labels, "whole")
-    lines += [
-        "| workload | "
-        + " | ".join(f"{lb} acceptance" for lb in labels if lb.startswith("hf2q"))
-        + " | identical to plain |",
-        "|---|" + "---:|" * sum(lb.startswith("hf2q") for lb in labels) + "---|",
-    ]
-    for w in results:
-        acc = [
-            f"{statistics.median(r['acceptance'] for r in w['runs'][lb]):.0%}"
-            for lb in labels
-            if lb.startswith("hf2q")
-        ]
-        same = (
-            "all"
-            if all(w["identical"].values())
-            else ", ".join(lb for lb, ok in w["identical"].items() if not ok) + " differ"
-        )
-        lines.append(f"| {w['name']} | " + " | ".join(acc) + f" | {same} |")
-    text = "\n".join(lines)
-    print("\n" + text, flush=True)
+    rec = res.record(
+        shlex.join(["python", "benchmarks/bench_draft.py", *sys.argv[1:]]), tables, notes=notes, data=results
+    )
+    print("\n" + res.render(rec), flush=True)
     if args.out:
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / f"{args.out}.md").write_text(text + "\n")
-        (RESULTS / f"{args.out}.json").write_text(
-            json.dumps({"meta": meta, "results": results}, indent=1) + "\n"
-        )
+        res.write(RESULTS / f"{args.out}.json", rec)
 
 
 if __name__ == "__main__":
