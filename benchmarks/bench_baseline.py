@@ -105,9 +105,7 @@ def main():
             "max_tokens": args.max_tokens,
         },
     )
-    print(results.render(rec))
-    if args.results:
-        results.write(args.results, rec)
+    results.publish(rec, args.results)
 
 
 if __name__ == "__main__":

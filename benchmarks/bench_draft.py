@@ -279,9 +279,7 @@ def report(args, labels, results, started) -> None:
     rec = res.record(
         shlex.join(["python", "benchmarks/bench_draft.py", *sys.argv[1:]]), tables, notes=notes, data=results
     )
-    print("\n" + res.render(rec), flush=True)
-    if args.out:
-        res.write(RESULTS / f"{args.out}.json", rec)
+    res.publish(rec, RESULTS / f"{args.out}.json" if args.out else None)
 
 
 if __name__ == "__main__":

@@ -131,9 +131,7 @@ def main():
         notes=f"A context of {args.context} tokens of standard library source; each round "
         "commits 1-4 tokens, then asks for the draft key and the drafts.",
     )
-    print(results.render(rec))
-    if args.results:
-        results.write(args.results, rec)
+    results.publish(rec, args.results)
 
 
 if __name__ == "__main__":

@@ -141,9 +141,7 @@ def main() -> None:
         f"medians of {a.repeats} interleaved repeats.",
         data={"seconds": seconds, "tokens": n},
     )
-    print(results.render(rec))
-    if a.results:
-        results.write(a.results, rec)
+    results.publish(rec, a.results)
 
 
 if __name__ == "__main__":

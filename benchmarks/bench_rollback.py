@@ -151,9 +151,7 @@ def main() -> None:
         f"after a {a.prompt}-token prompt, {a.repeats} repeats.",
         data={"hybrid": h, "attention": t},
     )
-    print(results.render(rec))
-    if a.results:
-        results.write(a.results, rec)
+    results.publish(rec, a.results)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,13 @@ def record(command: str, tables: Sequence[dict], *, notes: str = "", data: Any =
     }
 
 
+def publish(rec: dict, path: str | os.PathLike | None = None) -> None:
+    """Print the record as Markdown and, given a ``path``, write it there."""
+    print(render(rec), flush=True)
+    if path:
+        write(path, rec)
+
+
 def write(path: str | os.PathLike, rec: dict) -> None:
     from .files import write_text
 
