@@ -1,8 +1,8 @@
 """Self-distillation throughput on the built-in model (SmolLM2-135M, float32):
 training answers per hour one at a time (as ``train-dflash`` made them before
 batching: greedy generation with n-gram speculation, then one target pass per
-sequence for the training features) against batched generation
-(``dflash_data.batched_answers``) at several batch sizes, with the features
+sequence for the training features) against ``train-dflash``'s batched data
+phase (``dflash_data.self_distill``) at several batch sizes, with the features
 taken by a separate target pass or captured while generating. Every setting
 answers the same prompts in one process; answers are compared with the
 one-at-a-time answers.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,7 +27,7 @@ import hf2q_py  # noqa: E402  first: OpenBLAS before mlx.core
 import mlx.core as mx  # noqa: E402
 
 from hf2q_py.tools import results  # noqa: E402
-from hf2q_py.tools.dflash_data import GenerationTimes, batched_answers, default_prompts  # noqa: E402
+from hf2q_py.tools.dflash_data import GenerationTimes, batched_answers, default_prompts, self_distill  # noqa: E402
 from hf2q_py.tools.dflash_train import TrainConfig, target_pass  # noqa: E402
 from hf2q_py.tools.files import check_writable  # noqa: E402
 
@@ -61,22 +62,23 @@ def one_at_a_time(target, prompts, max_new_tokens, layers, method) -> dict:
     }
 
 
-def batched(target, prompts, max_new_tokens, layers, batch, mode) -> dict:
+def batched(target, texts, max_new_tokens, layers, batch, mode) -> dict:
+    """``train-dflash``'s data phase: ``self_distill`` into a scratch file."""
     times = GenerationTimes()
-    t0 = time.perf_counter()
-    got = batched_answers(
-        target,
-        prompts,
-        max_new_tokens=max_new_tokens,
-        batch_size=batch,
-        capture_layers=layers if mode == "capture" else None,
-        times=times,
-    )
-    gen = time.perf_counter() - t0
-    answers = [a.tokens for a in got]
-    feats = (
-        0.0 if mode == "capture" else feature_pass(target, [p + a for p, a in zip(prompts, answers)], layers)
-    )
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        rows = self_distill(
+            target,
+            texts,
+            Path(tmp) / "data.jsonl",
+            max_new_tokens=max_new_tokens,
+            batch_size=batch,
+            capture_layers=layers if mode == "capture" else None,
+            times=times,
+        )
+        gen = time.perf_counter() - t0
+    answers = [r["tokens"][r["prompt_tokens"] :] for r in rows]
+    feats = 0.0 if mode == "capture" else feature_pass(target, [r["tokens"] for r in rows], layers)
     return {
         "answers": answers,
         "generation": gen,
@@ -107,6 +109,12 @@ def main() -> None:
         default="ngram",
         help="generation method of the one-at-a-time reference (ngram: as train-dflash did; baseline: plain)",
     )
+    ap.add_argument(
+        "--single-prompts",
+        type=int,
+        default=None,
+        help="answer only the first N prompts one at a time (default: all); rates are compared per hour",
+    )
     ap.add_argument("--out", default=None, help="results file (JSON) to write")
     ap.add_argument("--lock", default=None, help="hold an exclusive flock on this file while timing")
     args = ap.parse_args()
@@ -116,10 +124,14 @@ def main() -> None:
     modes = [m for m in args.modes.split(",") if m.strip()]
     if not batches or min(batches) < 1 or any(m not in MODES for m in modes):
         ap.error(f"--batches needs positive integers and --modes a subset of {','.join(MODES)}")
+    n_single = args.prompts if args.single_prompts is None else args.single_prompts
+    if args.prompts < 1 or not 1 <= n_single <= args.prompts:
+        ap.error("--prompts must be >= 1 and --single-prompts in [1, --prompts]")
 
     target = hf2q_py.load(dtype="float32")
     layers = TrainConfig(out="-").feature_layers(target)
-    prompts = [hf2q_py.encode_prompt(target, p, True) for p in default_prompts(args.prompts, seed=args.seed)]
+    texts = default_prompts(args.prompts, seed=args.seed)
+    prompts = [hf2q_py.encode_prompt(target, p, True) for p in texts]
     batched_answers(target, prompts[:2], max_new_tokens=4, batch_size=2, capture_layers=layers)  # warm-up
     if args.lock:
         import fcntl
@@ -127,33 +139,38 @@ def main() -> None:
 
         fcntl.flock(os.open(args.lock, os.O_WRONLY | os.O_CREAT, 0o644), fcntl.LOCK_EX)  # held until exit
     started = time.time()
-    runs = {"one at a time": one_at_a_time(target, prompts, args.max_new_tokens, layers, args.single_method)}
+    runs = {
+        "one at a time": one_at_a_time(
+            target, prompts[:n_single], args.max_new_tokens, layers, args.single_method
+        )
+    }
     print(f"one at a time: {runs['one at a time']['generation']:.1f} s", flush=True)
     for b in batches:
         for m in modes:
             label = f"batch {b}, {'features captured' if m == 'capture' else 'separate feature pass'}"
-            runs[label] = batched(target, prompts, args.max_new_tokens, layers, b, m)
+            runs[label] = batched(target, texts, args.max_new_tokens, layers, b, m)
             print(f"{label}: {runs[label]['generation']:.1f} s", flush=True)
 
     want = runs["one at a time"]["answers"]
-    base = runs["one at a time"]["generation"] + runs["one at a time"]["features"]
+    base = n_single / (runs["one at a time"]["generation"] + runs["one at a time"]["features"])  # answers/s
     rows, data = [], {}
     for label, r in runs.items():
         total = r["generation"] + r["features"]
         n_tokens = sum(len(a) for a in r["answers"])
         mismatches = [i for i, (a, w) in enumerate(zip(r["answers"], want)) if a != w]
+        rate = len(r["answers"]) / total
         rows.append(
             [
                 label,
-                f"{len(prompts) * 3600 / total:.0f}",
+                f"{rate * 3600:.0f}",
                 f"{n_tokens / total:.1f}",
                 f"{r['prefill']:.1f}",
                 f"{r['decode']:.1f}",
                 f"{r['other']:.1f}",
                 f"{r['features']:.1f}",
                 f"{total:.1f}",
-                f"{base / total:.2f}x",
-                f"{len(mismatches)} of {len(prompts)}",
+                f"{rate / base:.2f}x",
+                f"{len(mismatches)} of {min(len(r['answers']), n_single)}",
             ]
         )
         data[label] = {k: v for k, v in r.items() if k != "answers"} | {
@@ -179,8 +196,9 @@ def main() -> None:
         f"(seed {args.seed}, {min(prompt_tokens)}-{max(prompt_tokens)} tokens, {sum(prompt_tokens)} in all), "
         f"answers of at most {args.max_new_tokens} tokens; features at target layers {layers}. "
         f"One at a time: `generate(method={args.single_method!r})` per prompt (its prefill time from its stats), "
-        "then one target pass per sequence. Batched: `dflash_data.batched_answers`; 'other' is bookkeeping "
-        "between forwards (cache merges and filters, capture assembly). Total = generation + feature pass; "
+        f"then one target pass per sequence, over the first {n_single} prompts. Batched: train-dflash's data phase (`dflash_data.self_distill`, "
+        "one continuous batch); 'other' is the time between forwards (cache merges and filters, capture "
+        "assembly, the data file). Total = generation + feature pass; "
         f"{(time.time() - started) / 60:.1f} min of timing."
     )
     rec = results.record(

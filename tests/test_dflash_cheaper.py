@@ -207,7 +207,7 @@ def test_features_captured_while_generating_equal_the_training_pass(batch):
     from hf2q_py.tools.dflash_train import target_pass
 
     target = tiny_target("llama", scale=1.5)
-    prompts = [random_prompt(n, seed=n) for n in (1, 9, 4, 15, 6)]
+    prompts = [random_prompt(n, seed=n) for n in (1, 9, 4, 15, 16, 14, 6)]  # 14-16 prefill together
     plain = batched_greedy(target, prompts, max_new_tokens=12, batch_size=batch)
     target.eos_token_ids = {plain[1][4]}
     times = GenerationTimes()
@@ -224,6 +224,13 @@ def test_features_captured_while_generating_equal_the_training_pass(batch):
         assert a.agrees.tolist() == agrees.tolist()
 
 
+def test_prompts_prefill_together_only_with_little_padding():
+    from hf2q_py.tools.dflash_data import length_groups
+
+    prompts = [[0] * n for n in (100, 5, 96, 40, 99, 6, 60)]
+    assert length_groups(range(7), prompts) == [[1, 5], [3], [6], [2, 4, 0]]
+
+
 def test_answers_are_the_same_with_and_without_capture():
     from hf2q_py.tools.dflash_data import batched_answers
 
@@ -237,6 +244,26 @@ def test_answers_are_the_same_with_and_without_capture():
 def test_an_empty_prompt_is_refused():
     with pytest.raises(Hf2qError, match="empty prompt"):
         batched_greedy(tiny_target("llama"), [[1, 2], []], max_new_tokens=4, batch_size=2)
+
+
+def test_self_distill_streams_windows_and_writes_each_row_in_prompt_order(tmp_path):
+    """Ten prompts at batch 2 run as one continuous batch over two windows
+    of 8 (shortest first within each); the file is in prompt order."""
+    from hf2q_py.generation import encode_prompt
+    from hf2q_py.tools import dflash_data
+
+    target = tiny_target("llama", scale=1.5, tokenizer=True)
+    prompts = [("abcdefghij" * 3)[: 1 + (7 * k) % 23] for k in range(10)]
+    path = tmp_path / "data.jsonl"
+    lines = []
+    rows = dflash_data.self_distill(
+        target, prompts, path, max_new_tokens=8, batch_size=2, log=lambda s: lines.append(s)
+    )
+    assert [json.loads(x) for x in path.read_text().splitlines()] == rows
+    for prompt, row in zip(prompts, rows):
+        ids = encode_prompt(target, prompt, True)
+        assert row["tokens"] == ids + hf2q_py.generate(target, ids, max_tokens=8).tokens
+    assert [x.split(":")[0] for x in lines] == ["data 8/10", "data 10/10"]
 
 
 def test_training_uses_the_features_captured_during_generation(tmp_path, monkeypatch):

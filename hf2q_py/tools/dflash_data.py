@@ -258,11 +258,41 @@ def batched_answers(
     times: GenerationTimes | None = None,
 ) -> list[Answer]:
     """The target's greedy answer to each token prompt (EOS excluded, at most
-    ``max_new_tokens``), decoded ``batch_size`` rows at a time.
+    ``max_new_tokens``), decoded ``batch_size`` rows at a time, prompts
+    entering shortest first (so rows prefilled together have similar lengths
+    and little padding); see ``answer_stream``."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    answers: list[Answer | None] = [None] * len(prompts)
+    for i, a in answer_stream(
+        target,
+        prompts,
+        order,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        capture_layers=capture_layers,
+        times=times,
+    ):
+        answers[i] = a
+    return answers
 
-    Continuous batching: prompts enter shortest first (so rows prefilled
-    together have similar lengths and little padding), right-padded in the
-    prefill and left-padded in the shared cache; a row leaves at its own EOS
+
+def answer_stream(
+    target,
+    prompts: Sequence[Sequence[int]],
+    order: Sequence[int],
+    *,
+    max_new_tokens: int,
+    batch_size: int,
+    capture_layers: Sequence[int] | None = None,
+    times: GenerationTimes | None = None,
+) -> Iterator[tuple[int, Answer]]:
+    """(prompt index, answer) of the prompts in ``order``, as each answer
+    ends: greedy (EOS excluded, at most ``max_new_tokens``), ``batch_size``
+    rows at a time.
+
+    Continuous batching: prompts enter in ``order``, prefilled in groups of
+    similar lengths (``length_groups``: little padding) and left-padded in the
+    shared cache; a row leaves at its own EOS
     or budget and free rows are refilled with the next prompts. Each row's
     token is the argmax of its own logits; the answers equal one-at-a-time
     greedy decoding up to the floating-point reduction order of batched
@@ -275,18 +305,16 @@ def batched_answers(
     """
     from mlx_lm.models.cache import make_prompt_cache
 
-    if not prompts:
-        return []
-    if any(len(p) == 0 for p in prompts):
+    if any(len(prompts[i]) == 0 for i in order):
         raise Hf2qError("cannot answer an empty prompt")
     times = times if times is not None else GenerationTimes()
     model, eos = target.model, set(target.eos_token_ids)
     layers = tuple(capture_layers) if capture_layers is not None else None
-    answers = [Answer([]) for _ in prompts]
+    answers = {i: Answer([]) for i in order}
     # captured pieces per prompt: (features, finals) chunks and greedy choices at prompt positions
     pieces: dict[int, list[tuple[mx.array, mx.array]]] = {}
     greedy: dict[int, list[mx.array]] = {}
-    pending = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))[::-1]  # pop() takes the shortest
+    pending = list(order)[::-1]  # pop() takes the next
     rows = _Rows()
     refill = max(
         1, batch_size // 4
@@ -341,7 +369,8 @@ def batched_answers(
     while pending or rows.ids:
         free = batch_size - len(rows.ids)
         if pending and (free >= min(refill, len(pending)) or not rows.ids):
-            prefill([pending.pop() for _ in range(min(free, len(pending)))])
+            for group in length_groups([pending.pop() for _ in range(min(free, len(pending)))], prompts):
+                prefill(group)
         t0 = time.perf_counter()
         x = mx.array(rows.inputs, dtype=mx.uint32)[:, None]
         out, feats, finals = forward(x, rows.cache)
@@ -352,38 +381,64 @@ def batched_answers(
         times.decode += t1 - t0
         times.steps += 1
         times.rows += len(rows.ids)
-        keep = []
+        keep, done = [], []
         for r, (i, tok) in enumerate(zip(rows.ids, toks)):
             if layers is not None:
                 pieces.setdefault(i, []).append((feats[r], finals[r]))
             if rows.closing[r] or tok in eos:
+                done.append(i)
                 continue
             answers[i].tokens.append(tok)
             rows.inputs[r] = tok
             if len(answers[i].tokens) >= max_new_tokens:
                 if layers is None:
+                    done.append(i)
                     continue
                 rows.closing[r] = True  # one more step captures the last token's states
             keep.append(r)
         rows.keep(keep)
         if times.steps % 256 == 0:
             mx.clear_cache()
+        for i in done:
+            a = answers.pop(i)
+            if layers is not None:
+                _attach_capture(a, prompts[i], pieces.pop(i), greedy.pop(i, []))
+            times.other += time.perf_counter() - t1
+            yield i, a
+            t1 = time.perf_counter()
         times.other += time.perf_counter() - t1
-    if layers is not None:
-        t0 = time.perf_counter()
-        for i, a in enumerate(answers):
-            feats = mx.concatenate([f for f, _ in pieces[i]], axis=0)[None]
-            finals = mx.concatenate([g for _, g in pieces[i]], axis=0)[None]
-            choice = greedy.get(i, [])
-            n_prompt = len(prompts[i])
-            agrees = [False] + [True] * (n_prompt + len(a.tokens) - 1)
-            if choice:  # position j > 0 of the prompt: the greedy choice after tokens[:j]
-                ok = (mx.concatenate(choice) == mx.array(prompts[i][1:], dtype=mx.uint32)).tolist()
-                agrees[1:n_prompt] = ok
-            a.features, a.finals, a.agrees = feats, finals, mx.array(agrees)
-            mx.eval(a.features, a.finals, a.agrees)
-        times.other += time.perf_counter() - t0
-    return answers
+
+
+#: Prompts are prefilled together only while padding stays under this share of the positions.
+MAX_PADDING = 0.125
+
+
+def length_groups(ids: Sequence[int], prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+    """``ids`` split into groups to prefill together: by length, each group's
+    padding (to its longest prompt) at most ``MAX_PADDING`` of its positions."""
+    groups: list[list[int]] = []
+    for i in sorted(ids, key=lambda i: len(prompts[i])):
+        g = groups[-1] if groups else None
+        if g is not None:
+            width = len(prompts[i])  # the longest so far: sorted
+            real = sum(len(prompts[j]) for j in g) + width
+            if (len(g) + 1) * width - real <= MAX_PADDING * (len(g) + 1) * width:
+                g.append(i)
+                continue
+        groups.append([i])
+    return groups
+
+
+def _attach_capture(a: Answer, prompt: Sequence[int], pieces: list, greedy: list) -> None:
+    """Join a finished row's captured pieces into its ``Answer``."""
+    a.features = mx.concatenate([f for f, _ in pieces], axis=0)[None]
+    a.finals = mx.concatenate([g for _, g in pieces], axis=0)[None]
+    agrees = [False] + [True] * (len(prompt) + len(a.tokens) - 1)
+    if greedy:  # position j > 0 of the prompt: the greedy choice after tokens[:j]
+        ok = (mx.concatenate(greedy) == mx.array(prompt[1:], dtype=mx.uint32)).tolist()
+        agrees[1 : len(prompt)] = ok
+    a.agrees = mx.array(agrees)
+    mx.eval(a.features, a.finals, a.agrees)
 
 
 def batched_greedy(
@@ -409,10 +464,12 @@ def self_distill(
 ) -> list[dict]:
     """The target's greedy answer to each prompt, appended to the JSONL file
     ``path`` as {"prompt_tokens": n, "tokens": [...]} (prompt + answer), in
-    prompt order. Answers are decoded ``batch_size`` at a time
-    (``batched_answers``) and written after each group of ``4 * batch_size``
-    prompts; ``batch_size`` 1 decodes one prompt at a time. Prompts already
-    answered in ``path`` are not generated again.
+    prompt order. Answers are decoded ``batch_size`` at a time in one
+    continuous batch (``answer_stream``; ``batch_size`` 1 decodes one prompt
+    at a time): prompts enter window by window (``4 * batch_size`` prompts,
+    shortest first within a window), and each answer is written as soon as
+    every earlier prompt's is, so an interrupted run loses only the rows in
+    flight. Prompts already answered in ``path`` are not generated again.
 
     With ``capture_layers``, each newly generated row also holds (in memory,
     never in the file) ``"captured"``: the ``CapturedPass`` that
@@ -422,28 +479,41 @@ def self_distill(
     rows: list[dict] = []
     if path.exists():
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    t0, start = time.perf_counter(), len(rows)
-    group = 1 if batch_size == 1 else 4 * batch_size
+    start = len(rows)
+    if start >= len(prompts):
+        return rows[: len(prompts)]
+    ids = [encode_prompt(target, p, True) for p in prompts[start:]]
+    window = 1 if batch_size == 1 else 4 * batch_size
+    order = [
+        i
+        for lo in range(0, len(ids), window)
+        for i in sorted(range(lo, min(lo + window, len(ids))), key=lambda i: len(ids[i]))
+    ]
+    stream = answer_stream(
+        target,
+        ids,
+        order,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        capture_layers=capture_layers,
+        times=times,
+    )
+    t0, finished, written, n_tokens = time.perf_counter(), {}, 0, 0
     with path.open("a") as f:
-        for lo in range(start, len(prompts), group):
-            ids = [encode_prompt(target, p, True) for p in prompts[lo : lo + group]]
-            answers = batched_answers(
-                target,
-                ids,
-                max_new_tokens=max_new_tokens,
-                batch_size=batch_size,
-                capture_layers=capture_layers,
-                times=times,
-            )
-            for p, a in zip(ids, answers):
+        for i, a in stream:
+            finished[i] = a
+            while written in finished:
+                p, a = ids[written], finished.pop(written)
                 row = {"prompt_tokens": len(p), "tokens": p + a.tokens}
                 f.write(json.dumps(row) + "\n")
+                f.flush()
                 if capture_layers is not None:
                     row["captured"] = CapturedPass(tuple(capture_layers), a.features, a.agrees, a.finals)
                 rows.append(row)
-            f.flush()
-            done = lo + len(ids)
-            rate = (time.perf_counter() - t0) / (done - start)
-            n_tokens = sum(len(a.tokens) for a in answers)
-            log(f"data {done}/{len(prompts)}: {n_tokens} tokens ({rate:.1f} s/answer)")
+                written += 1
+                n_tokens += len(a.tokens)
+                if written % window == 0 or written == len(ids):
+                    rate = (time.perf_counter() - t0) / written
+                    log(f"data {start + written}/{len(prompts)}: {n_tokens} tokens ({rate:.1f} s/answer)")
+                    n_tokens = 0
     return rows[: len(prompts)]
