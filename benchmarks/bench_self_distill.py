@@ -31,8 +31,6 @@ from hf2q_py.tools.dflash_data import GenerationTimes, batched_answers, default_
 from hf2q_py.tools.dflash_train import TrainConfig, target_pass  # noqa: E402
 from hf2q_py.tools.files import check_writable  # noqa: E402
 
-MODES = ("pass", "capture")  # features by a separate target pass / captured during generation
-
 
 def feature_pass(target, sequences: list[list[int]], layers: list[int]) -> float:
     """Seconds of the training pass (``target_pass``) over every sequence."""
@@ -96,8 +94,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=16, help="prompts of the default training set")
     ap.add_argument("--seed", type=int, default=0, help="seed of the default prompt set")
-    ap.add_argument("--batches", default="1,8,16,32", help="comma-separated batch sizes")
-    ap.add_argument("--modes", default=",".join(MODES), help="pass (separate target pass), capture, or both")
+    ap.add_argument(
+        "--batches",
+        default="1,8,16,32",
+        help="batch sizes, features captured while generating (train-dflash's way)",
+    )
+    ap.add_argument(
+        "--pass-batches",
+        default="8",
+        help="batch sizes with a separate feature pass after generating ('' for none)",
+    )
     ap.add_argument(
         "--max-new-tokens",
         type=int,
@@ -120,10 +126,13 @@ def main() -> None:
     args = ap.parse_args()
     if args.out:
         check_writable(args.out, "--out file")
-    batches = [int(x) for x in args.batches.split(",") if x.strip()]
-    modes = [m for m in args.modes.split(",") if m.strip()]
-    if not batches or min(batches) < 1 or any(m not in MODES for m in modes):
-        ap.error(f"--batches needs positive integers and --modes a subset of {','.join(MODES)}")
+    try:
+        settings = [(int(x), "pass") for x in args.pass_batches.split(",") if x.strip()]
+        settings += [(int(x), "capture") for x in args.batches.split(",") if x.strip()]
+    except ValueError:
+        ap.error("--batches and --pass-batches take comma-separated integers")
+    if not settings or min(b for b, _ in settings) < 1:
+        ap.error("batch sizes must be >= 1")
     n_single = args.prompts if args.single_prompts is None else args.single_prompts
     if args.prompts < 1 or not 1 <= n_single <= args.prompts:
         ap.error("--prompts must be >= 1 and --single-prompts in [1, --prompts]")
@@ -145,11 +154,10 @@ def main() -> None:
         )
     }
     print(f"one at a time: {runs['one at a time']['generation']:.1f} s", flush=True)
-    for b in batches:
-        for m in modes:
-            label = f"batch {b}, {'features captured' if m == 'capture' else 'separate feature pass'}"
-            runs[label] = batched(target, texts, args.max_new_tokens, layers, b, m)
-            print(f"{label}: {runs[label]['generation']:.1f} s", flush=True)
+    for b, m in settings:
+        label = f"batch {b}, {'features captured' if m == 'capture' else 'separate feature pass'}"
+        runs[label] = batched(target, texts, args.max_new_tokens, layers, b, m)
+        print(f"{label}: {runs[label]['generation']:.1f} s", flush=True)
 
     want = runs["one at a time"]["answers"]
     base = n_single / (runs["one at a time"]["generation"] + runs["one at a time"]["features"])  # answers/s

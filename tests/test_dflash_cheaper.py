@@ -224,6 +224,14 @@ def test_features_captured_while_generating_equal_the_training_pass(batch):
         assert a.agrees.tolist() == agrees.tolist()
 
 
+def test_prompts_enter_window_by_window_longest_first():
+    from hf2q_py.tools.dflash_data import entry_order
+
+    prompts = [[0] * n for n in (3, 9, 1, 4, 7, 2)]
+    assert entry_order(prompts, 4) == [1, 3, 0, 2, 4, 5]
+    assert entry_order(prompts, 1) == list(range(6))
+
+
 def test_prompts_prefill_together_only_with_little_padding():
     from hf2q_py.tools.dflash_data import length_groups
 
@@ -248,7 +256,7 @@ def test_an_empty_prompt_is_refused():
 
 def test_self_distill_streams_windows_and_writes_each_row_in_prompt_order(tmp_path):
     """Ten prompts at batch 2 run as one continuous batch over two windows
-    of 8 (shortest first within each); the file is in prompt order."""
+    of 8 (longest first within each); the file is in prompt order."""
     from hf2q_py.generation import encode_prompt
     from hf2q_py.tools import dflash_data
 

@@ -258,10 +258,9 @@ def batched_answers(
     times: GenerationTimes | None = None,
 ) -> list[Answer]:
     """The target's greedy answer to each token prompt (EOS excluded, at most
-    ``max_new_tokens``), decoded ``batch_size`` rows at a time, prompts
-    entering shortest first (so rows prefilled together have similar lengths
-    and little padding); see ``answer_stream``."""
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    ``max_new_tokens``), decoded ``batch_size`` rows at a time in the order
+    of ``entry_order``; see ``answer_stream``."""
+    order = entry_order(prompts, max(1, len(prompts)))
     answers: list[Answer | None] = [None] * len(prompts)
     for i, a in answer_stream(
         target,
@@ -409,6 +408,19 @@ def answer_stream(
         times.other += time.perf_counter() - t1
 
 
+def entry_order(prompts: Sequence[Sequence[int]], window: int) -> list[int]:
+    """The order prompts enter a continuous batch: window by window (``window``
+    consecutive prompts), longest first within a window. Prompt and answer
+    lengths go together (an edited function is about as long as the
+    original), so the long answers start early and short ones fill the last
+    rows: the batch drains quickly at the end."""
+    return [
+        i
+        for lo in range(0, len(prompts), window)
+        for i in sorted(range(lo, min(lo + window, len(prompts))), key=lambda i: -len(prompts[i]))
+    ]
+
+
 #: Prompts are prefilled together only while padding stays under this share of the positions.
 MAX_PADDING = 0.125
 
@@ -466,8 +478,8 @@ def self_distill(
     ``path`` as {"prompt_tokens": n, "tokens": [...]} (prompt + answer), in
     prompt order. Answers are decoded ``batch_size`` at a time in one
     continuous batch (``answer_stream``; ``batch_size`` 1 decodes one prompt
-    at a time): prompts enter window by window (``4 * batch_size`` prompts,
-    shortest first within a window), and each answer is written as soon as
+    at a time): prompts enter window by window (``entry_order``, windows of
+    ``4 * batch_size`` prompts), and each answer is written as soon as
     every earlier prompt's is, so an interrupted run loses only the rows in
     flight. Prompts already answered in ``path`` are not generated again.
 
@@ -484,11 +496,7 @@ def self_distill(
         return rows[: len(prompts)]
     ids = [encode_prompt(target, p, True) for p in prompts[start:]]
     window = 1 if batch_size == 1 else 4 * batch_size
-    order = [
-        i
-        for lo in range(0, len(ids), window)
-        for i in sorted(range(lo, min(lo + window, len(ids))), key=lambda i: len(ids[i]))
-    ]
+    order = entry_order(ids, window)
     stream = answer_stream(
         target,
         ids,
