@@ -197,6 +197,114 @@ def test_self_distill_writes_answers_in_prompt_order_and_resumes(tmp_path):
         assert row["tokens"] == ids + hf2q_py.generate(target, ids, max_tokens=10).tokens
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_features_captured_while_generating_equal_the_training_pass(batch):
+    """Hidden states, final states and greedy-agreement flags taken from the
+    generating forwards (prefill + decode steps, rows refilled, some rows
+    ending at EOS, others at the budget) equal those of one separate target
+    pass over prompt + answer."""
+    from hf2q_py.tools.dflash_data import GenerationTimes, batched_answers
+    from hf2q_py.tools.dflash_train import target_pass
+
+    target = tiny_target("llama", scale=1.5)
+    prompts = [random_prompt(n, seed=n) for n in (1, 9, 4, 15, 16, 14, 6)]  # 14-16 prefill together
+    plain = batched_greedy(target, prompts, max_new_tokens=12, batch_size=batch)
+    target.eos_token_ids = {plain[1][4]}
+    times = GenerationTimes()
+    got = batched_answers(
+        target, prompts, max_new_tokens=12, batch_size=batch, capture_layers=[0, 2], times=times
+    )
+    assert [len(a.tokens) for a in got].count(12) < len(got)  # some rows stopped at EOS
+    assert times.steps > 0 and times.decode > 0 and times.prefill_tokens >= sum(len(p) - 1 for p in prompts)
+    for p, a in zip(prompts, got):
+        feats, agrees, finals = target_pass(target, p + a.tokens, [0, 2])
+        assert a.features.shape == feats.shape and a.finals.shape == finals.shape
+        assert mx.allclose(a.features.astype(mx.float32), feats.astype(mx.float32), atol=1e-2).item()
+        assert mx.allclose(a.finals.astype(mx.float32), finals.astype(mx.float32), atol=1e-2).item()
+        assert a.agrees.tolist() == agrees.tolist()
+
+
+def test_prompts_enter_window_by_window_longest_first():
+    from hf2q_py.tools.dflash_data import entry_order
+
+    prompts = [[0] * n for n in (3, 9, 1, 4, 7, 2)]
+    assert entry_order(prompts, 4) == [1, 3, 0, 2, 4, 5]
+    assert entry_order(prompts, 1) == list(range(6))
+
+
+def test_prompts_prefill_together_only_with_little_padding():
+    from hf2q_py.tools.dflash_data import length_groups
+
+    prompts = [[0] * n for n in (100, 5, 96, 40, 99, 6, 60)]
+    assert length_groups(range(7), prompts) == [[1, 5], [3], [6], [2, 4, 0]]
+
+
+def test_answers_are_the_same_with_and_without_capture():
+    from hf2q_py.tools.dflash_data import batched_answers
+
+    target = tiny_target("llama", scale=1.5)
+    prompts = [random_prompt(n, seed=n) for n in (3, 8, 5)]
+    plain = batched_greedy(target, prompts, max_new_tokens=10, batch_size=2)
+    got = batched_answers(target, prompts, max_new_tokens=10, batch_size=2, capture_layers=[1])
+    assert [a.tokens for a in got] == plain
+
+
+def test_an_empty_prompt_is_refused():
+    with pytest.raises(Hf2qError, match="empty prompt"):
+        batched_greedy(tiny_target("llama"), [[1, 2], []], max_new_tokens=4, batch_size=2)
+
+
+def test_self_distill_streams_windows_and_writes_each_row_in_prompt_order(tmp_path):
+    """Ten prompts at batch 2 run as one continuous batch over two windows
+    of 8 (longest first within each); the file is in prompt order."""
+    from hf2q_py.generation import encode_prompt
+    from hf2q_py.tools import dflash_data
+
+    target = tiny_target("llama", scale=1.5, tokenizer=True)
+    prompts = [("abcdefghij" * 3)[: 1 + (7 * k) % 23] for k in range(10)]
+    path = tmp_path / "data.jsonl"
+    lines = []
+    rows = dflash_data.self_distill(
+        target, prompts, path, max_new_tokens=8, batch_size=2, log=lambda s: lines.append(s)
+    )
+    assert [json.loads(x) for x in path.read_text().splitlines()] == rows
+    for prompt, row in zip(prompts, rows):
+        ids = encode_prompt(target, prompt, True)
+        assert row["tokens"] == ids + hf2q_py.generate(target, ids, max_tokens=8).tokens
+    assert [x.split(":")[0] for x in lines] == ["data 8/10", "data 10/10"]
+
+
+def test_training_uses_the_features_captured_during_generation(tmp_path, monkeypatch):
+    """Rows generated with capture train without a second target pass; rows
+    captured at other layers (or read back from the file) get one."""
+    from hf2q_py.tools import dflash_data, dflash_train
+
+    target = tiny_target("llama", scale=1.5, tokenizer=True)
+    prompts = ["abc", "hello there", "x y z", "a longer prompt", "zz top"]
+    rows = dflash_data.self_distill(
+        target, prompts, tmp_path / "data.jsonl", max_new_tokens=12, batch_size=2, capture_layers=[0, 2]
+    )
+    assert all(r["captured"].layer_ids == (0, 2) for r in rows)
+    assert "captured" not in (tmp_path / "data.jsonl").read_text()
+    passes = []
+    real_pass = dflash_train.target_pass
+    monkeypatch.setattr(dflash_train, "target_pass", lambda *a: passes.append(a) or real_pass(*a))
+    cfg = TrainConfig(
+        out=str(tmp_path / "d"), steps=2, eval_every=2, checkpoint_every=2, holdout=1, block_size=4, samples=5
+    )
+    train(target, replace_layers(cfg, [0, 2]), rows, progress=False)
+    assert passes == []
+    train(target, replace_layers(cfg, [1, 2], out=str(tmp_path / "e")), rows, progress=False)
+    usable = [r for r in rows if len(r["tokens"]) - r["prompt_tokens"] >= 2]  # train() skips the others
+    assert len(passes) == len(usable) >= 3
+
+
+def replace_layers(cfg, layers, **kw):
+    from dataclasses import replace
+
+    return replace(cfg, target_layer_ids=layers, **kw)
+
+
 # -- warm start ----------------------------------------------------------------
 
 

@@ -386,7 +386,13 @@ def cmd_train_dflash(args: argparse.Namespace) -> int:
     cfg.check_target(target)  # before the slow data generation
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     rows = self_distill(
-        target, prompts, data, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch, log=log
+        target,
+        prompts,
+        data,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.gen_batch,
+        capture_layers=cfg.feature_layers(target),  # the training pass comes free with the answers
+        log=log,
     )
     train(target, cfg, rows, log=log)
     print(f"drafter written to {args.out} (use: hf2q-py generate --method dflash --drafter {args.out})")

@@ -15,10 +15,15 @@ import random
 import sysconfig
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable, Iterator, Sequence
 
+import mlx.core as mx
+
 from ..errors import Hf2qError
+from ..taps import tapped
+from ..target import PREFILL_CHUNK
 
 #: Modules whose code or documents the benchmark workloads use.
 BENCHMARK_MODULES = {"textwrap", "statistics", "heapq", "shlex", "json"}
@@ -172,44 +177,290 @@ def default_prompts(n: int, seed: int = 0, min_lines: int = 6, max_lines: int = 
     return prompts
 
 
+@dataclass
+class Answer:
+    """One greedy answer; with capture, also what the training pass would
+    compute for ``prompt + tokens`` (see ``dflash_train.target_pass``)."""
+
+    tokens: list[int]  # the answer, EOS excluded
+    features: mx.array | None = None  # (1, S, n_layers * H) float16: hidden states at the capture layers
+    agrees: mx.array | None = None  # (S,) bool: token j is the target's greedy choice after tokens[:j]
+    finals: mx.array | None = None  # (1, S, H) float16: the final-norm states
+
+
+@dataclass(frozen=True)
+class CapturedPass:
+    """A row's training-pass outputs taken during its generation, for the
+    target layers ``layer_ids`` (see ``Answer``)."""
+
+    layer_ids: tuple[int, ...]
+    features: mx.array
+    agrees: mx.array
+    finals: mx.array
+
+
+@dataclass
+class GenerationTimes:
+    """Where batched generation spends its time (seconds, accumulated)."""
+
+    prefill: float = 0.0  # prompt forwards (with capture: their greedy choices too)
+    decode: float = 0.0  # one-token steps of the whole batch
+    other: float = 0.0  # cache merging, filtering and bookkeeping between forwards
+    prefill_tokens: int = 0  # prompt positions prefilled (padding included)
+    steps: int = 0  # decode steps
+    rows: int = 0  # row-steps (decode steps x active rows)
+
+
+#: Prefill chunks hold at most this many positions over all rows (with
+#: capture, every position's logits are materialised: 2048 x vocab floats).
+PREFILL_ROWS = 2048
+
+
+class _Rows:
+    """The rows of a batch being decoded: their caches and per-row state."""
+
+    def __init__(self):
+        self.cache: list | None = None
+        self.ids: list[int] = []  # prompt index of each row
+        self.inputs: list[int] = []  # the next token each row feeds
+        self.closing: list[bool] = []  # fed its last answer token only to capture its features
+
+    def add(self, cache: list, ids: list[int], inputs: list[int]) -> None:
+        if self.cache is None or not self.ids:
+            self.cache = cache
+        else:
+            for mine, theirs in zip(self.cache, cache):
+                mine.extend(theirs)
+        self.ids += ids
+        self.inputs += inputs
+        self.closing += [False] * len(ids)
+
+    def keep(self, rows: list[int]) -> None:
+        if len(rows) == len(self.ids):
+            return
+        if rows:
+            for c in self.cache:
+                c.filter(rows)
+        else:
+            self.cache = None
+        self.ids = [self.ids[r] for r in rows]
+        self.inputs = [self.inputs[r] for r in rows]
+        self.closing = [self.closing[r] for r in rows]
+
+
+def batched_answers(
+    target,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    batch_size: int,
+    capture_layers: Sequence[int] | None = None,
+    times: GenerationTimes | None = None,
+) -> list[Answer]:
+    """The target's greedy answer to each token prompt (EOS excluded, at most
+    ``max_new_tokens``), decoded ``batch_size`` rows at a time in the order
+    of ``entry_order``; see ``answer_stream``."""
+    order = entry_order(prompts, max(1, len(prompts)))
+    answers: list[Answer | None] = [None] * len(prompts)
+    for i, a in answer_stream(
+        target,
+        prompts,
+        order,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        capture_layers=capture_layers,
+        times=times,
+    ):
+        answers[i] = a
+    return answers
+
+
+def answer_stream(
+    target,
+    prompts: Sequence[Sequence[int]],
+    order: Sequence[int],
+    *,
+    max_new_tokens: int,
+    batch_size: int,
+    capture_layers: Sequence[int] | None = None,
+    times: GenerationTimes | None = None,
+) -> Iterator[tuple[int, Answer]]:
+    """(prompt index, answer) of the prompts in ``order``, as each answer
+    ends: greedy (EOS excluded, at most ``max_new_tokens``), ``batch_size``
+    rows at a time.
+
+    Continuous batching: prompts enter in ``order``, prefilled in groups of
+    similar lengths (``length_groups``: little padding) and left-padded in the
+    shared cache; a row leaves at its own EOS
+    or budget and free rows are refilled with the next prompts. Each row's
+    token is the argmax of its own logits; the answers equal one-at-a-time
+    greedy decoding up to the floating-point reduction order of batched
+    matmuls (a near-tie, top-2 logits within ~1e-4, can flip).
+
+    With ``capture_layers`` each answer also carries the hidden states at
+    those layers, the final-norm states and the greedy-agreement flags for
+    every position of prompt + answer, taken from the generating forwards
+    themselves: the training pass over the finished sequences is not needed.
+    """
+    from mlx_lm.models.cache import make_prompt_cache
+
+    if any(len(prompts[i]) == 0 for i in order):
+        raise Hf2qError("cannot answer an empty prompt")
+    times = times if times is not None else GenerationTimes()
+    model, eos = target.model, set(target.eos_token_ids)
+    layers = tuple(capture_layers) if capture_layers is not None else None
+    answers = {i: Answer([]) for i in order}
+    # captured pieces per prompt: (features, finals) chunks and greedy choices at prompt positions
+    pieces: dict[int, list[tuple[mx.array, mx.array]]] = {}
+    greedy: dict[int, list[mx.array]] = {}
+    pending = list(order)[::-1]  # pop() takes the next
+    rows = _Rows()
+    refill = max(
+        1, batch_size // 4
+    )  # free rows worth a prefill (the last prompts enter as soon as any row frees)
+
+    def forward(x: mx.array, cache: list):
+        if layers is None:
+            return model(x, cache=cache), None, None
+        with tapped(model, capture_layers=layers, capture_final=True) as rec:
+            out = model(x, cache=cache)
+        feats = mx.concatenate([rec.layers[i] for i in layers], axis=-1).astype(mx.float16)
+        return out, feats, rec.final.astype(mx.float16)
+
+    def prefill(ids: list[int]) -> None:
+        """Prefill prompt[:-1] of ``ids`` (right-padded) and add them to the rows."""
+        t0 = time.perf_counter()
+        singles = [make_prompt_cache(model) for _ in ids]
+        cache = [singles[0][j].merge([s[j] for s in singles]) for j in range(len(singles[0]))]
+        heads = [list(prompts[i][:-1]) for i in ids]
+        lengths = [len(h) for h in heads]
+        width = max(lengths)
+        if width:
+            pad = [width - n for n in lengths]
+            if max(pad):
+                for c in cache:
+                    c.prepare(lengths=lengths, right_padding=pad)
+            x = mx.array([h + [0] * (width - len(h)) for h in heads], dtype=mx.uint32)
+            step = min(PREFILL_CHUNK, max(16, PREFILL_ROWS // len(ids)))
+            for lo in range(0, width, step):
+                out, feats, finals = forward(x[:, lo : lo + step], cache)
+                state = [c.state for c in cache]
+                if layers is not None:
+                    choice = mx.argmax(out, axis=-1)
+                    mx.eval(state, feats, finals, choice)
+                    for r, i in enumerate(ids):
+                        n = min(lengths[r], lo + step) - lo
+                        if n > 0:
+                            pieces.setdefault(i, []).append((feats[r, :n], finals[r, :n]))
+                            greedy.setdefault(i, []).append(choice[r, :n])
+                else:
+                    mx.eval(state)
+            if max(pad):
+                for c in cache:
+                    c.finalize()
+                mx.eval([c.state for c in cache])
+            times.prefill_tokens += len(ids) * width
+        t1 = time.perf_counter()
+        times.prefill += t1 - t0
+        rows.add(cache, ids, [prompts[i][-1] for i in ids])
+        times.other += time.perf_counter() - t1
+
+    while pending or rows.ids:
+        free = batch_size - len(rows.ids)
+        if pending and (free >= min(refill, len(pending)) or not rows.ids):
+            for group in length_groups([pending.pop() for _ in range(min(free, len(pending)))], prompts):
+                prefill(group)
+        t0 = time.perf_counter()
+        x = mx.array(rows.inputs, dtype=mx.uint32)[:, None]
+        out, feats, finals = forward(x, rows.cache)
+        nxt = mx.argmax(out[:, -1], axis=-1)
+        mx.eval(nxt, feats, finals, [c.state for c in rows.cache])
+        toks = nxt.tolist()
+        t1 = time.perf_counter()
+        times.decode += t1 - t0
+        times.steps += 1
+        times.rows += len(rows.ids)
+        keep, done = [], []
+        for r, (i, tok) in enumerate(zip(rows.ids, toks)):
+            if layers is not None:
+                pieces.setdefault(i, []).append((feats[r], finals[r]))
+            if rows.closing[r] or tok in eos:
+                done.append(i)
+                continue
+            answers[i].tokens.append(tok)
+            rows.inputs[r] = tok
+            if len(answers[i].tokens) >= max_new_tokens:
+                if layers is None:
+                    done.append(i)
+                    continue
+                rows.closing[r] = True  # one more step captures the last token's states
+            keep.append(r)
+        rows.keep(keep)
+        if times.steps % 256 == 0:
+            mx.clear_cache()
+        for i in done:
+            a = answers.pop(i)
+            if layers is not None:
+                _attach_capture(a, prompts[i], pieces.pop(i), greedy.pop(i, []))
+            times.other += time.perf_counter() - t1
+            yield i, a
+            t1 = time.perf_counter()
+        times.other += time.perf_counter() - t1
+
+
+def entry_order(prompts: Sequence[Sequence[int]], window: int) -> list[int]:
+    """The order prompts enter a continuous batch: window by window (``window``
+    consecutive prompts), longest first within a window. Prompt and answer
+    lengths go together (an edited function is about as long as the
+    original), so the long answers start early and short ones fill the last
+    rows: the batch drains quickly at the end."""
+    return [
+        i
+        for lo in range(0, len(prompts), window)
+        for i in sorted(range(lo, min(lo + window, len(prompts))), key=lambda i: -len(prompts[i]))
+    ]
+
+
+#: Prompts are prefilled together only while padding stays under this share of the positions.
+MAX_PADDING = 0.125
+
+
+def length_groups(ids: Sequence[int], prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+    """``ids`` split into groups to prefill together: by length, each group's
+    padding (to its longest prompt) at most ``MAX_PADDING`` of its positions."""
+    groups: list[list[int]] = []
+    for i in sorted(ids, key=lambda i: len(prompts[i])):
+        g = groups[-1] if groups else None
+        if g is not None:
+            width = len(prompts[i])  # the longest so far: sorted
+            real = sum(len(prompts[j]) for j in g) + width
+            if (len(g) + 1) * width - real <= MAX_PADDING * (len(g) + 1) * width:
+                g.append(i)
+                continue
+        groups.append([i])
+    return groups
+
+
+def _attach_capture(a: Answer, prompt: Sequence[int], pieces: list, greedy: list) -> None:
+    """Join a finished row's captured pieces into its ``Answer``."""
+    a.features = mx.concatenate([f for f, _ in pieces], axis=0)[None]
+    a.finals = mx.concatenate([g for _, g in pieces], axis=0)[None]
+    agrees = [False] + [True] * (len(prompt) + len(a.tokens) - 1)
+    if greedy:  # position j > 0 of the prompt: the greedy choice after tokens[:j]
+        ok = (mx.concatenate(greedy) == mx.array(prompt[1:], dtype=mx.uint32)).tolist()
+        agrees[1 : len(prompt)] = ok
+    a.agrees = mx.array(agrees)
+    mx.eval(a.features, a.finals, a.agrees)
+
+
 def batched_greedy(
     target, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, batch_size: int
 ) -> list[list[int]]:
-    """The target's greedy answer to each token prompt (EOS excluded, at most
-    ``max_new_tokens``), decoded ``batch_size`` rows at a time.
-
-    mlx-lm's continuous batching: prompts are left-padded and masked, a row
-    leaves the batch at its own EOS or budget and the next prompt takes its
-    place. Prompts enter shortest first, so rows prefilled together have
-    similar lengths and little padding. Each row's tokens are the argmax of its own logits; they equal
-    single-sequence greedy decoding up to the floating-point reduction order
-    of batched matmuls (a near-tie, top-2 logits within ~1e-4, can flip).
-    """
-    from mlx_lm.generate import BatchGenerator
-
-    if not prompts:
-        return []
-    stop = [[t] for t in sorted(target.eos_token_ids)]
-    gen = BatchGenerator(
-        target.model,
-        stop_tokens=stop or None,
-        completion_batch_size=batch_size,
-        prefill_batch_size=batch_size,
-    )
-    try:
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        uids = gen.insert([list(prompts[i]) for i in order], [max_new_tokens] * len(prompts))
-        answers: dict[int, list[int]] = {u: [] for u in uids}
-        while responses := gen.next_generated():
-            for r in responses:
-                if r.finish_reason != "stop":
-                    answers[r.uid].append(int(r.token))
-    finally:
-        gen.close()
-    out: list[list[int]] = [[] for _ in prompts]
-    for i, u in zip(order, uids):
-        out[i] = answers[u]
-    return out
+    """The answers of ``batched_answers`` (token lists only)."""
+    return [
+        a.tokens
+        for a in batched_answers(target, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size)
+    ]
 
 
 def self_distill(
@@ -219,31 +470,58 @@ def self_distill(
     *,
     max_new_tokens: int,
     batch_size: int = 8,
+    capture_layers: Sequence[int] | None = None,
+    times: GenerationTimes | None = None,
     log: Callable[[str], None] = lambda s: None,
 ) -> list[dict]:
     """The target's greedy answer to each prompt, appended to the JSONL file
     ``path`` as {"prompt_tokens": n, "tokens": [...]} (prompt + answer), in
-    prompt order. Answers are decoded ``batch_size`` at a time
-    (``batched_greedy``) and written after each group of ``4 * batch_size``
-    prompts; ``batch_size`` 1 decodes one prompt at a time. Prompts already
-    answered in ``path`` are not generated again."""
+    prompt order. Answers are decoded ``batch_size`` at a time in one
+    continuous batch (``answer_stream``; ``batch_size`` 1 decodes one prompt
+    at a time): prompts enter window by window (``entry_order``, windows of
+    ``4 * batch_size`` prompts), and each answer is written as soon as
+    every earlier prompt's is, so an interrupted run loses only the rows in
+    flight. Prompts already answered in ``path`` are not generated again.
+
+    With ``capture_layers``, each newly generated row also holds (in memory,
+    never in the file) ``"captured"``: the ``CapturedPass`` that
+    ``dflash_train.train`` uses instead of a separate target pass."""
     from ..generation import encode_prompt
 
     rows: list[dict] = []
     if path.exists():
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    t0, start = time.perf_counter(), len(rows)
-    group = 1 if batch_size == 1 else 4 * batch_size
+    start = len(rows)
+    if start >= len(prompts):
+        return rows[: len(prompts)]
+    ids = [encode_prompt(target, p, True) for p in prompts[start:]]
+    window = 1 if batch_size == 1 else 4 * batch_size
+    order = entry_order(ids, window)
+    stream = answer_stream(
+        target,
+        ids,
+        order,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        capture_layers=capture_layers,
+        times=times,
+    )
+    t0, finished, written, n_tokens = time.perf_counter(), {}, 0, 0
     with path.open("a") as f:
-        for lo in range(start, len(prompts), group):
-            ids = [encode_prompt(target, p, True) for p in prompts[lo : lo + group]]
-            answers = batched_greedy(target, ids, max_new_tokens=max_new_tokens, batch_size=batch_size)
-            for p, a in zip(ids, answers):
-                row = {"prompt_tokens": len(p), "tokens": p + a}
+        for i, a in stream:
+            finished[i] = a
+            while written in finished:
+                p, a = ids[written], finished.pop(written)
+                row = {"prompt_tokens": len(p), "tokens": p + a.tokens}
                 f.write(json.dumps(row) + "\n")
+                f.flush()
+                if capture_layers is not None:
+                    row["captured"] = CapturedPass(tuple(capture_layers), a.features, a.agrees, a.finals)
                 rows.append(row)
-            f.flush()
-            done = lo + len(ids)
-            rate = (time.perf_counter() - t0) / (done - start)
-            log(f"data {done}/{len(prompts)}: {sum(len(a) for a in answers)} tokens ({rate:.1f} s/answer)")
+                written += 1
+                n_tokens += len(a.tokens)
+                if written % window == 0 or written == len(ids):
+                    rate = (time.perf_counter() - t0) / written
+                    log(f"data {start + written}/{len(prompts)}: {n_tokens} tokens ({rate:.1f} s/answer)")
+                    n_tokens = 0
     return rows[: len(prompts)]

@@ -1,8 +1,10 @@
 """Training a DFlash drafter by self-distillation (``hf2q-py train-dflash``).
 
 1. Data: the target answers a prompt set greedily (``data.self_distill``).
-2. Features: one target forward per sequence captures the hidden states at
-   the drafter's ``target_layer_ids`` (kept in memory as float16) and the
+2. Features: the hidden states at the drafter's ``target_layer_ids`` (kept
+   in memory as float16), taken while the answers are generated
+   (``data.self_distill`` with ``capture_layers``), else by one target
+   forward per sequence (answers read back from an earlier run), and the
    target's greedy choice at every position: where the prompt's own text
    agrees with it, blocks anchored in the prompt train too (a quarter of
    the blocks by default), which multiplies the data a few answers give.
@@ -134,11 +136,18 @@ class TrainConfig:
         if self.draft_vocab is not None:
             check_int("draft-vocab", self.draft_vocab, 1)
 
+    def feature_layers(self, target) -> list[int]:
+        """The target layers a new drafter conditions on (``--target-layers``,
+        else three spread over the target's layers)."""
+        if self.target_layer_ids is not None:
+            return list(self.target_layer_ids)
+        return default_layer_ids(target.num_layers, 3)
+
     def check_target(self, target) -> None:
         """The options that depend on the target (layer ids, mask id), checked
         before any data is generated."""
         n = target.num_layers
-        ids = list(self.target_layer_ids) if self.target_layer_ids is not None else default_layer_ids(n, 3)
+        ids = self.feature_layers(target)
         bad = [i for i in ids if not 0 <= i < n]
         if bad:
             raise Hf2qError(f"target-layers {bad} are out of range for a target with {n} layers (0..{n - 1})")
@@ -388,8 +397,9 @@ def train(
     progress: bool = True,
 ) -> Drafter:
     """Train (or resume training) on ``rows`` ({"prompt_tokens": n, "tokens":
-    [...]}, as ``data.self_distill`` writes them); returns the drafter, also
-    saved in ``cfg.out``."""
+    [...]}, as ``data.self_distill`` writes them; a row's ``"captured"``
+    pass for the drafter's layers stands in for its target pass); returns the
+    drafter, also saved in ``cfg.out``."""
     cfg.validate()
     cfg.check_target(target)
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
@@ -436,7 +446,11 @@ def train(
         toks = r["tokens"]
         if len(toks) - r["prompt_tokens"] < 2:
             continue
-        feats, agrees, finals = target_pass(target, toks, dcfg.target_layer_ids)
+        cap = r.get("captured")  # taken during generation (dflash_data.self_distill)
+        if cap is not None and list(cap.layer_ids) == list(dcfg.target_layer_ids):
+            feats, agrees, finals = cap.features, cap.agrees, cap.finals
+        else:
+            feats, agrees, finals = target_pass(target, toks, dcfg.target_layer_ids)
         seqs.append(
             TrainSequence(
                 mx.array(toks, dtype=mx.int32),
