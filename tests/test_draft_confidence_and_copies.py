@@ -136,7 +136,9 @@ def test_the_copy_option_builds_a_combined_proposer_with_a_larger_cap():
     assert (
         policy.draft_cost_priors[("copy", (4, False))] == 0.0 and 0 < policy.draft_cost_priors[MODEL_KEY] <= 1
     )
-    plain, _ = build_proposer(target, SpecConfig(method="draft", draft=draft))
+    default, _ = build_proposer(target, SpecConfig(method="draft", draft=draft))
+    assert isinstance(default, CombinedProposer) and default.min_depth == 4  # copies by default
+    plain, _ = build_proposer(target, SpecConfig(method="draft", draft=draft, draft_suffix_depth=0))
     assert isinstance(plain, DraftModelProposer) and not plain.lazy_prefill
     with pytest.raises(Hf2qError, match="draft-suffix-depth"):
         SpecConfig(method="draft", draft=draft, draft_suffix_depth=-1).validate()
