@@ -18,6 +18,11 @@ MAX_K = 256
 #: The longest wait between probes of a proposer whose drafts keep failing.
 MAX_COOLDOWN = 4096
 
+#: Committed tokens a drafter reads before a routine round's drafts (the last
+#: round's bonus token and final draft); a round that read more caught up on
+#: a stretch it did not draft, and its drafting time is not a per-draft cost.
+MAX_ROUTINE_CATCH_UP = 2
+
 
 def validate_k(k: int) -> None:
     check_int("k (draft length)", k, 1, MAX_K)
@@ -33,10 +38,6 @@ class NoDrafts:
 
     def update(self, r: Round) -> None:
         pass
-
-    def _note_excess(self, x: float) -> None:
-        x = max(0.0, x)
-        self.probe_excess = x if self.probe_excess is None else 0.7 * self.probe_excess + 0.3 * x
 
     def observe(self, drafted: int, accepted: int, key: Hashable = None) -> None:
         pass
@@ -54,10 +55,6 @@ class FixedK:
 
     def update(self, r: Round) -> None:
         pass
-
-    def _note_excess(self, x: float) -> None:
-        x = max(0.0, x)
-        self.probe_excess = x if self.probe_excess is None else 0.7 * self.probe_excess + 0.3 * x
 
     def observe(self, drafted: int, accepted: int, key: Hashable = None) -> None:
         pass
@@ -99,7 +96,10 @@ class AdaptiveK:
     plus K times the drafting cost per token, measured per key
     (``draft_cost_priors``: key -> cost per token relative to a plain decode,
     until measured), with the decode time estimated from the measured widths
-    until a plain decode measures it.
+    until a plain decode measures it. A round whose drafter first caught up
+    on more than ``MAX_ROUTINE_CATCH_UP`` committed tokens (a draft model
+    reading the prompt lazily, or tokens copied without it) is no sample of
+    drafting cost: one such round would otherwise price the draft model out.
 
     Keys in ``geometric_keys`` (autoregressive drafters: a draft model)
     share one conditional rate across draft positions, estimated from every
@@ -298,14 +298,18 @@ class AdaptiveK:
             self.breaks = 0.9 * self.breaks + 1.0
         self._break, self._after_restart = [0.0, 0], False
         seconds = r.cost_seconds
+        # a proposer that first read many committed tokens (a draft model reading
+        # the prompt or copied tokens) did one-off work: not a sample of drafting cost
+        caught_up = r.catch_up > MAX_ROUTINE_CATCH_UP
         if self.split_drafting and drafted:  # drafting is charged per draft token, per key
             seconds -= r.propose_seconds
-            self.draft_seconds[key] = 0.9 * self.draft_seconds.get(key, 0.0) + r.propose_seconds
-            self.draft_tokens[key] = 0.9 * self.draft_tokens.get(key, 0.0) + drafted
+            if not caught_up:
+                self.draft_seconds[key] = 0.9 * self.draft_seconds.get(key, 0.0) + r.propose_seconds
+                self.draft_tokens[key] = 0.9 * self.draft_tokens.get(key, 0.0) + drafted
         self.seconds[width] = 0.9 * self.seconds.get(width, 0.0) + seconds
         self.counts[width] = 0.9 * self.counts.get(width, 0.0) + 1.0
         t1 = self.time(1)
-        if t1:
+        if t1 and not caught_up:
             if drafted and not accepted:  # a failed verify round: drafting + the wider forward
                 self._note_excess(r.cost_seconds / t1 - 1.0)
             elif not drafted and r.propose_seconds > 0.05 * t1:  # drafts made while a decode ran

@@ -146,6 +146,7 @@ class _Loop:
         self.early: tuple[Hashable, Draft] | None = None  # drafted while a decode ran
         self.ready: tuple[Hashable, Draft] | None = None  # early drafts the decode confirmed
         self.propose_seconds = 0.0  # drafting time not yet charged to a round
+        self.catch_up = 0  # committed tokens the proposer read in that time
 
     # -- choosing drafts -------------------------------------------------------
     def _key(self) -> Hashable:
@@ -158,7 +159,9 @@ class _Loop:
 
     def _propose(self, key: Hashable) -> tuple[int, Draft]:
         k = self._next_k(key)
-        return k, (self.proposer.propose(self.tokens, k) if k > 0 else Draft()).head(k)
+        draft = self.proposer.propose(self.tokens, k) if k > 0 else Draft()
+        self.catch_up += draft.catch_up
+        return k, draft.head(k)
 
     # -- rounds ----------------------------------------------------------------
     def speculate(self) -> Step | None:
@@ -183,8 +186,8 @@ class _Loop:
         self.rt.trim(len(draft) - n)
         te = time.perf_counter()
         r = Round(k=k, drafted=len(draft), accepted=n, key=key, cost_seconds=ts - t0,
-                  propose_seconds=self._take_propose_seconds(), verify_seconds=ts - tv,
-                  sample_seconds=te - ts)  # fmt: skip
+                  catch_up=self.catch_up, propose_seconds=self._take_propose_seconds(),
+                  verify_seconds=ts - tv, sample_seconds=te - ts)  # fmt: skip
         return r, draft.tokens[:n] + [t], fwd.hidden
 
     def decode(self) -> Step:
@@ -198,7 +201,8 @@ class _Loop:
         if following is not None:
             following.since = ts
         self.queued = following
-        r = Round(cost_seconds=ts - q.since, propose_seconds=self._take_propose_seconds(),
+        r = Round(cost_seconds=ts - q.since, catch_up=self.catch_up,
+                  propose_seconds=self._take_propose_seconds(),
                   verify_seconds=ts - tv, restarted=not q.chained,
                   chain_end=q.chained and following is None)  # fmt: skip
         return r, [y], q.hidden
@@ -242,7 +246,8 @@ class _Loop:
         return chain
 
     def _take_propose_seconds(self) -> float:
-        seconds, self.propose_seconds = self.propose_seconds, 0.0
+        """The drafting time (and catch-up) not yet charged, which the caller's round takes."""
+        seconds, self.propose_seconds, self.catch_up = self.propose_seconds, 0.0, 0
         return seconds
 
 

@@ -206,3 +206,33 @@ def test_draft_positions_share_one_rate_for_geometric_keys_only():
     policy.observe(2, 1, "copy")
     assert len(set(policy.rates("model"))) == 1
     assert policy.rates("copy")[1] < policy.rates("copy")[0]
+
+
+def test_a_draft_models_catch_up_on_the_prompt_is_not_charged_as_drafting_cost():
+    # the combined proposer's first model round reads the 221-token prompt lazily:
+    # 2.5 s of proposing for two drafts. Charged per draft token (1.4 decodes each),
+    # it priced the draft model out for the rest of the generation (traced on the real pair)
+    target = tiny_target("llama", seed=0, scale=2.0)
+    _, policy = build_proposer(target, SpecConfig(method="draft", draft=tiny_target("llama", seed=1)))
+    policy.draft_cost_priors[MODEL_KEY] = 0.3  # a draft model a third of the target's size
+    policy.update(Round(cost_seconds=0.87))  # a plain decode
+    first = timed_round(2, 2, 1.08, 2.5, key=MODEL_KEY)
+    first.catch_up = 221
+    policy.update(first)
+    assert policy.draft_cost(MODEL_KEY) == 0.3  # still the prior
+    assert policy.next_k(MODEL_KEY) >= 2
+    routine = timed_round(4, 4, 1.2, 0.8, key=MODEL_KEY)
+    routine.catch_up = 2  # the bonus token and the last draft: a routine round is a sample
+    policy.update(routine)
+    assert policy.draft_cost(MODEL_KEY) == pytest.approx(0.8 / 4 / 0.87)
+
+
+def test_a_draft_model_reports_the_tokens_it_caught_up_on():
+    draft = tiny_target("llama", seed=1, scale=2.0)
+    proposer = DraftModelProposer(draft, lazy_prefill=True)
+    prompt = list(range(5, 30))
+    proposer.start(None, prompt, {}, Greedy())
+    first = proposer.propose(prompt, 3)
+    assert first.catch_up == len(prompt)  # the lazy prefill
+    after = prompt + first.tokens + [7]  # every draft accepted, then the bonus token
+    assert proposer.propose(after, 3).catch_up == 2  # the last draft (never fed) and the bonus token

@@ -14,20 +14,23 @@ if TYPE_CHECKING:
 class Draft:
     """Draft tokens for one round. ``probs``: the (len(tokens), vocab)
     distributions they were drawn from, or None for point masses (argmax
-    drafts, n-gram copies)."""
+    drafts, n-gram copies). ``catch_up``: committed tokens the proposer read
+    before drafting them (a draft model feeding what it has not seen)."""
 
     tokens: list[int] = field(default_factory=list)
     probs: mx.array | None = None
+    catch_up: int = 0
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def head(self, k: int) -> Draft:
         """The first ``k`` drafts."""
-        return Draft(self.tokens[:k], None if self.probs is None else self.probs[:k])
+        return Draft(self.tokens[:k], None if self.probs is None else self.probs[:k], self.catch_up)
 
     def tail(self) -> Draft:
-        """All drafts but the first (what stays valid once the first is confirmed)."""
+        """All drafts but the first (what stays valid once the first is confirmed);
+        its catch-up was already counted with the whole draft."""
         return Draft(self.tokens[1:], None if self.probs is None else self.probs[1:])
 
 
