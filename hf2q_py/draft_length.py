@@ -136,6 +136,7 @@ class AdaptiveK:
     draft_seconds: dict = field(default_factory=dict)  # key -> decayed sum of drafting seconds
     draft_tokens: dict = field(default_factory=dict)  # key -> decayed sum of drafted tokens
     geometric_keys: frozenset = frozenset()  # keys whose draft positions share one rate
+    longer_margin: float = 0.02  # a longer K must promise this much more to be chosen
 
     def __post_init__(self):
         validate_k(self.k_max)
@@ -250,7 +251,8 @@ class AdaptiveK:
         return self.costs()[n] if n <= self.k_max + 1 else self.prior_cost(n)
 
     def best_k(self, key: Hashable = None) -> int:
-        """The K with the highest expected tokens per unit cost (linear in k_max)."""
+        """The K with the highest expected tokens per unit cost (linear in k_max);
+        a longer K must beat the best shorter one by ``longer_margin``."""
         best, best_rate = 0, 1.0
         total, p = 1.0, 1.0
         costs = self.costs()
@@ -259,7 +261,7 @@ class AdaptiveK:
             p *= r
             total += p
             rate = total / (costs[k + 1] + k * per_draft)
-            if rate > best_rate * 1.02:
+            if rate > best_rate * (1.0 + self.longer_margin):
                 best, best_rate = k, rate
         return best
 

@@ -91,6 +91,9 @@ class DraftModelProposer(Proposer):
         policy.geometric_keys = frozenset({None})
         policy.prior_rate = DRAFT_PRIOR_RATE
         policy.prior_slope = DRAFT_PRIOR_SLOPE
+        # the shared rate is pessimistic for long drafts when rejections cluster at the
+        # first positions (code): no margin against longer K (benchmarks/bench_draft_length.py)
+        policy.longer_margin = 0.0
         policy.draft_cost_priors = {None: self.cost}
 
     def start(self, runtime, prompt: Sequence[int], hidden, decider) -> None:
