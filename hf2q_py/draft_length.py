@@ -289,7 +289,7 @@ class AdaptiveK:
         drafted, the acceptance per draft position (pooled and for ``r.key``)."""
         width, key, drafted, accepted = r.forward_tokens, r.key, r.drafted, r.accepted
         if drafted == 0 and (r.chain_end or r.restarted or self._after_restart):
-            self._break[0] += r.cost_seconds
+            self._break[0] += r.cost_seconds - r.propose_seconds  # drafting is no break cost
             self._break[1] += 1
             self._after_restart = r.restarted
             self.since_probe += 1
@@ -305,7 +305,7 @@ class AdaptiveK:
         caught_up = r.catch_up > MAX_ROUTINE_CATCH_UP
         if self.split_drafting and drafted:  # drafting is charged per draft token, per key
             seconds -= r.propose_seconds
-            if not caught_up:
+            if not (caught_up or r.predrafted):  # drafts made (and timed) during a decode: no sample
                 self.draft_seconds[key] = 0.9 * self.draft_seconds.get(key, 0.0) + r.propose_seconds
                 self.draft_tokens[key] = 0.9 * self.draft_tokens.get(key, 0.0) + drafted
         self.seconds[width] = 0.9 * self.seconds.get(width, 0.0) + seconds

@@ -167,7 +167,8 @@ class _Loop:
     def speculate(self) -> Step | None:
         """A verify round; with nothing drafted, queue a decode and return None."""
         t0 = time.perf_counter()
-        if self.ready is not None:
+        predrafted = self.ready is not None
+        if predrafted:
             (key, draft), self.ready = self.ready, None
             k = self._next_k(key)
             draft = draft.head(k)
@@ -187,7 +188,7 @@ class _Loop:
         te = time.perf_counter()
         r = Round(k=k, drafted=len(draft), accepted=n, key=key, cost_seconds=ts - t0,
                   catch_up=self.catch_up, propose_seconds=self._take_propose_seconds(),
-                  verify_seconds=ts - tv, sample_seconds=te - ts)  # fmt: skip
+                  verify_seconds=ts - tv, sample_seconds=te - ts, predrafted=predrafted)  # fmt: skip
         return r, draft.tokens[:n] + [t], fwd.hidden
 
     def decode(self) -> Step:

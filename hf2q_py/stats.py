@@ -29,6 +29,7 @@ class Round:
     verify_seconds: float = 0.0
     sample_seconds: float = 0.0
     catch_up: int = 0  # committed tokens the proposer read before drafting (a draft model's catch-up)
+    predrafted: bool = False  # its drafts were made during the decode before it (timed there)
     restarted: bool = False  # a decode not overlapped with the round before it (not pipelined)
     chain_end: bool = False  # a pipelined decode that queued no next decode (its timing is partial)
 

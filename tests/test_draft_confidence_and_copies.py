@@ -236,3 +236,25 @@ def test_a_draft_model_reports_the_tokens_it_caught_up_on():
     assert first.catch_up == len(prompt)  # the lazy prefill
     after = prompt + first.tokens + [7]  # every draft accepted, then the bonus token
     assert proposer.propose(after, 3).catch_up == 2  # the last draft (never fed) and the bonus token
+
+
+def test_drafts_made_during_a_decode_are_not_a_sample_of_drafting_cost():
+    # traced on the built-in model drafting for itself: a probe drafted during a decode
+    # (timed with that decode) and verified next round with no drafting time of its own
+    # read as free drafting, and the next round drafted 8 tokens at the full price
+    policy = AdaptiveK(8, split_drafting=True, draft_cost_priors={None: 1.0})
+    policy.update(Round(cost_seconds=0.08))
+    policy.update(Round(k=2, drafted=1, accepted=1, cost_seconds=0.09, verify_seconds=0.09, predrafted=True))
+    assert policy.draft_cost() == 1.0
+    assert policy.next_k() == 0  # a draft as dear as the target never pays
+
+
+def test_drafting_during_a_decode_is_not_charged_as_a_pipeline_break():
+    policy = AdaptiveK(8)
+    for _ in range(5):
+        policy.update(Round(cost_seconds=0.08))  # pipelined decodes
+    policy.update(Round(cost_seconds=0.30, propose_seconds=0.22, chain_end=True))  # drafts made meanwhile
+    policy.update(Round(cost_seconds=0.08, restarted=True))
+    policy.update(Round(cost_seconds=0.08))
+    policy.update(Round(k=2, drafted=2, accepted=2, cost_seconds=0.1, verify_seconds=0.1))
+    assert policy.restart_cost() < 0.05
