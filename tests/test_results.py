@@ -103,3 +103,13 @@ def test_bench_writes_a_results_file(tmp_path, capsys, monkeypatch):
         rec["data"]["rows"][0]["method"] == "ngram:k=2,fixed" and rec["data"]["settings"]["max_tokens"] == 3
     )
     assert results.render(rec).count("| prose: explain |") == 1
+
+
+def test_the_speed_up_summary_keeps_each_kind_and_methods_mean_and_lowest():
+    from types import SimpleNamespace as Row
+
+    rows = [Row(kind="code", method="ngram", speedup=s) for s in (1.0, 3.0)]
+    rows.append(Row(kind="prose", method="ngram", speedup=0.98))
+    t = results.speedup_summary(rows, "workload kind", "lowest speed-up")
+    assert t["columns"] == ["workload kind", "method", "mean speed-up", "lowest speed-up"]
+    assert t["rows"] == [["code", "ngram", "2.00x", "1.00x"], ["prose", "ngram", "0.98x", "0.98x"]]

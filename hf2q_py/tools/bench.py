@@ -129,7 +129,7 @@ def _median(xs: list[float]) -> float:
 
 def bench_tables(rows: Sequence[BenchRow]) -> list[dict]:
     """The per-workload table and the per-kind summary (results-file tables)."""
-    from .results import table
+    from .results import speedup_summary, table
 
     cells = []
     for r in rows:
@@ -153,13 +153,6 @@ def bench_tables(rows: Sequence[BenchRow]) -> list[dict]:
                 ident,
             ]
         )
-    by_kind: dict[tuple[str, str], list[float]] = {}
-    for r in rows:
-        by_kind.setdefault((r.kind, r.method), []).append(r.speedup)
-    summary = [
-        [kind, method, f"{sum(xs) / len(xs):.2f}x", f"{min(xs):.2f}x"]
-        for (kind, method), xs in by_kind.items()
-    ]
     return [
         table(
             [
@@ -177,14 +170,14 @@ def bench_tables(rows: Sequence[BenchRow]) -> list[dict]:
             cells,
             "llrrrrrrrl",
         ),
-        table(["workload kind", "method", "mean speed-up", "lowest speed-up"], summary, "llrr"),
+        speedup_summary(rows, "workload kind", "lowest speed-up"),
     ]
 
 
 def markdown_table(rows: Sequence[BenchRow]) -> str:
-    from .results import render_table
+    from .results import render_tables
 
-    return "\n\n".join(render_table(t) for t in bench_tables(rows))
+    return render_tables(bench_tables(rows))
 
 
 def save_chart(rows: Sequence[BenchRow], path: str) -> bool:

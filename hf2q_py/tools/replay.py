@@ -236,7 +236,7 @@ def load(path: str) -> tuple[list[Stream], CostModel]:
 
 def replay_tables(rows: Sequence[ReplayRow]) -> list[dict]:
     """The per-stream table and the per-kind summary (results-file tables)."""
-    from .results import table
+    from .results import speedup_summary, table
 
     cells = [
         [
@@ -248,13 +248,6 @@ def replay_tables(rows: Sequence[ReplayRow]) -> list[dict]:
             f"{r.speedup:.2f}x",
         ]
         for r in rows
-    ]
-    groups: dict[tuple[str, str], list[float]] = {}
-    for r in rows:
-        groups.setdefault((r.kind, r.method), []).append(r.speedup)
-    summary = [
-        [kind, method, f"{sum(xs) / len(xs):.2f}x", f"{min(xs):.2f}x"]
-        for (kind, method), xs in groups.items()
     ]
     return [
         table(
@@ -269,14 +262,14 @@ def replay_tables(rows: Sequence[ReplayRow]) -> list[dict]:
             cells,
             "llrrrr",
         ),
-        table(["kind", "method", "mean speed-up", "min speed-up"], summary, "llrr"),
+        speedup_summary(rows),
     ]
 
 
 def markdown(rows: Sequence[ReplayRow]) -> str:
-    from .results import render_table
+    from .results import render_tables
 
-    return "\n\n".join(render_table(t) for t in replay_tables(rows))
+    return render_tables(replay_tables(rows))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

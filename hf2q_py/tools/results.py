@@ -40,6 +40,24 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], align: str = ""
     }
 
 
+def speedup_summary(rows: Sequence[Any], kind_title: str = "kind", low_title: str = "min speed-up") -> dict:
+    """The per-kind summary table of rows with ``kind``, ``method`` and ``speedup``:
+    the mean and the lowest speed-up of each (kind, method), in first-seen order."""
+    groups: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        groups.setdefault((r.kind, r.method), []).append(r.speedup)
+    summary = [
+        [kind, method, f"{sum(xs) / len(xs):.2f}x", f"{min(xs):.2f}x"]
+        for (kind, method), xs in groups.items()
+    ]
+    return table([kind_title, "method", "mean speed-up", low_title], summary, "llrr")
+
+
+def render_tables(tables: Sequence[dict]) -> str:
+    """Tables as Markdown, one after another."""
+    return "\n\n".join(render_table(t) for t in tables)
+
+
 def record(command: str, tables: Sequence[dict], *, notes: str = "", data: Any = None) -> dict:
     """A results record stamped with the date, this machine and the commit."""
     return {
