@@ -11,7 +11,9 @@ draft steps. Tokens per second are averaged over seeded generations.
 Patterns (hazard = P(draft i rejected | drafts before it accepted)):
 bursty (10%, 10%, then 2%: rejections at the first positions or none, as
 on code edits), flat 90% / 70% (every position alike), perfect (the draft
-is always right), late (2% for three positions, then 30%).
+is always right), late (2% for three positions, then 30%), hard stretch (30% at
+tokens 8-23 of the answer, 2% elsewhere: rejections clustered early in the answer, as traced
+on a type-hints edit).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ PATTERNS = {
     "flat 70%": [0.3],
     "perfect": [0.0],
     "late": [0.02, 0.02, 0.02, 0.3],
+    "hard stretch": {"hard": (8, 24), "inside": [0.3], "outside": [0.02]},
 }
 DECODE_S = 0.65  # a target decode of the 1.5B target on this CPU; only ratios matter
 
@@ -51,7 +54,7 @@ def simulate(policy, hazards: list[float], tokens: int, seed: int, draft_cost: f
             done += 1
         else:
             accepted = 0
-            while accepted < k and rng.random() >= hazards[min(accepted, len(hazards) - 1)]:
+            while accepted < k and rng.random() >= _hazard(hazards, done + accepted, accepted):
                 accepted += 1
             verify = DECODE_S * (1 + slope * k)
             draft = DECODE_S * draft_cost * k
@@ -61,6 +64,15 @@ def simulate(policy, hazards: list[float], tokens: int, seed: int, draft_cost: f
         seconds += r.cost_seconds
         policy.update(r)
     return done / seconds
+
+
+def _hazard(pattern, position: int, i: int) -> float:
+    """P(draft ``i`` of a round rejected | the drafts before it accepted), the draft
+    standing at ``position`` of the answer."""
+    if isinstance(pattern, dict):
+        lo, hi = pattern["hard"]
+        pattern = pattern["inside"] if lo <= position < hi else pattern["outside"]
+    return pattern[min(i, len(pattern) - 1)]
 
 
 def adaptive(k_max: int, draft_cost: float) -> AdaptiveK:
