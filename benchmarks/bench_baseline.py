@@ -19,6 +19,7 @@ from mlx_lm.sample_utils import make_sampler
 
 from hf2q_py.tools import results
 from hf2q_py.tools.files import check_writable
+from hf2q_py.errors import run_script  # noqa: E402
 
 PROMPT = "Write a long, detailed story about a cartographer who maps an island that keeps changing shape."
 
@@ -109,4 +110,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

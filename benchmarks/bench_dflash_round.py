@@ -30,6 +30,7 @@ from hf2q_py.tools import results  # noqa: E402
 from hf2q_py.tools.dflash_data import default_prompts  # noqa: E402
 from hf2q_py.tools.dflash_train import TrainConfig  # noqa: E402
 from hf2q_py.tools.files import check_writable  # noqa: E402
+from hf2q_py.errors import run_script  # noqa: E402
 
 
 def context(target, n: int, seed: int) -> list[int]:
@@ -144,4 +145,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -36,6 +36,7 @@ from mlx_lm.generate import speculative_generate_step  # noqa: E402
 
 from hf2q_py.tools import results as res  # noqa: E402
 from hf2q_py.tools.workloads import default_workloads  # noqa: E402
+from hf2q_py.errors import run_script  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -283,4 +284,4 @@ def report(args, labels, results, started) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

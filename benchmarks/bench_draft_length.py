@@ -26,11 +26,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hf2q_py
 
-from hf2q_py.draft_length import AdaptiveK, FixedK  # noqa: E402
+from hf2q_py.draft_length import MAX_K, AdaptiveK, FixedK, validate_k  # noqa: E402
+from hf2q_py.errors import Hf2qError  # noqa: E402
 from hf2q_py.proposers.draft_model import DraftModelProposer  # noqa: E402
 from hf2q_py.stats import Round  # noqa: E402
 from hf2q_py.tools import results  # noqa: E402
 from hf2q_py.tools.files import check_writable  # noqa: E402
+from hf2q_py.errors import run_script  # noqa: E402
 
 PATTERNS = {
     "bursty": [0.1, 0.1, 0.02],
@@ -90,9 +92,18 @@ def main() -> None:
     ap.add_argument("--fixed-ks", default="2,4,8")
     ap.add_argument("--results", default=None, help="also write a results file (JSON) here")
     a = ap.parse_args()
+    if a.tokens < 1 or a.seeds < 1:
+        ap.error("--tokens and --seeds must be at least 1")
+    if a.draft_cost < 0 or a.slope < 0:
+        ap.error("--draft-cost and --slope must be at least 0")
+    try:
+        ks = [int(k) for k in a.fixed_ks.split(",")]
+        for k in ks:
+            validate_k(k)
+    except (ValueError, Hf2qError) as e:
+        ap.error(f"--fixed-ks must be comma-separated draft lengths in [1, {MAX_K}] ({e})")
     if a.results:
-        check_writable(a.results, "results file")
-    ks = [int(k) for k in a.fixed_ks.split(",")]
+        check_writable(a.results, "--results file")
     k_max = max(ks)
     policies = {f"fixed K={k}": (lambda k=k: FixedK(k)) for k in ks}
     policies[f"adaptive K<={k_max}"] = lambda: adaptive(k_max, a.draft_cost)
@@ -124,4 +135,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

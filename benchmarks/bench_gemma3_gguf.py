@@ -23,6 +23,7 @@ import hf2q_py  # first: OpenBLAS before mlx.core
 
 from hf2q_py.tools.ab import run_ab, table
 from hf2q_py.generation import encode_prompt
+from hf2q_py.errors import run_script  # noqa: E402
 
 CORPUS = [
     "Hello world",
@@ -154,4 +155,4 @@ def ab(gemma, path: str, ab_tokens: int) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

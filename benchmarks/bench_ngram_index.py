@@ -25,6 +25,7 @@ from hf2q_py.tools import results
 from hf2q_py.tools.files import check_writable
 from hf2q_py.proposers.ngram import NgramProposer, lookup_by_rescan
 from hf2q_py.proposers.suffix import SuffixProposer
+from hf2q_py.errors import run_script  # noqa: E402
 
 
 def stdlib_tokens(n: int) -> list[int]:
@@ -135,4 +136,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

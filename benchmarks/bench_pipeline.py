@@ -29,6 +29,7 @@ from hf2q_py.target import Runtime, Target  # noqa: E402
 from hf2q_py.tools import results  # noqa: E402
 from hf2q_py.tools.files import check_writable  # noqa: E402
 from hf2q_py.tools.workloads import default_workloads  # noqa: E402
+from hf2q_py.errors import run_script  # noqa: E402
 
 STRETCH = 8  # tokens between breaks
 
@@ -145,4 +146,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

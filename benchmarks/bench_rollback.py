@@ -24,6 +24,7 @@ from mlx_lm.utils import _get_classes
 from hf2q_py.target import Target
 from hf2q_py.tools import results
 from hf2q_py.tools.files import check_writable
+from hf2q_py.errors import run_script  # noqa: E402
 
 
 def build(hidden: int, layers: int, hybrid: bool, vocab: int = 32000) -> Target:
@@ -155,4 +156,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

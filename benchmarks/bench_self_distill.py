@@ -30,6 +30,7 @@ from hf2q_py.tools import results  # noqa: E402
 from hf2q_py.tools.dflash_data import GenerationTimes, batched_answers, default_prompts, self_distill  # noqa: E402
 from hf2q_py.tools.dflash_train import TrainConfig, target_pass  # noqa: E402
 from hf2q_py.tools.files import check_writable  # noqa: E402
+from hf2q_py.errors import run_script  # noqa: E402
 
 
 def feature_pass(target, sequences: list[list[int]], layers: list[int]) -> float:
@@ -226,4 +227,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

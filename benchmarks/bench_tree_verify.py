@@ -41,6 +41,7 @@ from hf2q_py.memory import DraftMemory  # noqa: E402
 from hf2q_py.methods import build_proposer  # noqa: E402
 from hf2q_py.stats import Round  # noqa: E402
 from hf2q_py.tools.replay import CostModel, Stream, _MemoryHolder, load  # noqa: E402
+from hf2q_py.errors import run_script  # noqa: E402
 
 WIDTHS = (2, 4, 8, 12, 16, 24, 32)
 
@@ -352,4 +353,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

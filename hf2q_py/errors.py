@@ -20,3 +20,16 @@ def one_line(text: object, limit: int = 300) -> str:
     ``limit`` characters."""
     line = " ".join(str(text).split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def run_script(main) -> None:
+    """Run a script's ``main()``; an ``Hf2qError`` ends it with one line on
+    stderr (``<script>: error: <message>``) and exit status 2, as argparse does."""
+    import os
+    import sys
+
+    try:
+        main()
+    except Hf2qError as e:
+        print(f"{os.path.basename(sys.argv[0])}: error: {one_line(e)}", file=sys.stderr)
+        raise SystemExit(2) from None

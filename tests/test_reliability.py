@@ -661,3 +661,21 @@ def test_eos_ends_sampled_generation_without_being_emitted(method):
     r = hf2q_py.generate(target, prompt, max_tokens=30, **opts)
     assert r.tokens == free.tokens[: free.tokens.index(eos)]
     assert r.finish_reason == "stop" and eos not in r.tokens
+
+
+def test_benchmark_scripts_end_bad_input_with_one_line_and_status_2():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_draft_length.py"
+    for args, message in (
+        (["--results", "/nonexistent/dir/x.json"], "cannot write --results file /nonexistent/dir/x.json"),
+        (["--fixed-ks", "2,0"], "--fixed-ks must be comma-separated draft lengths"),
+        (["--seeds", "0"], "--seeds must be at least 1"),
+    ):
+        done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)
+        assert done.returncode == 2
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("bench_draft_length.py: error: ") and message in last
+        assert "Traceback" not in done.stderr
