@@ -293,6 +293,11 @@ class AdaptiveK:
             self._break[1] += 1
             self._after_restart = r.restarted
             self.since_probe += 1
+            t1 = self.time(1)
+            if (
+                t1 and r.propose_seconds > 0.05 * t1
+            ):  # a probe's cost: drafting (and catching up) during a decode
+                self._note_excess(r.propose_seconds / t1)
             return
         t1 = self.time(1)
         if self._break[1] and t1:  # the break is over: what it cost beyond pipelined decodes

@@ -258,3 +258,11 @@ def test_drafting_during_a_decode_is_not_charged_as_a_pipeline_break():
     policy.update(Round(cost_seconds=0.08))
     policy.update(Round(k=2, drafted=2, accepted=2, cost_seconds=0.1, verify_seconds=0.1))
     assert policy.restart_cost() < 0.05
+
+
+def test_drafting_during_a_decode_is_what_a_probe_costs():
+    policy = AdaptiveK(8)
+    for _ in range(5):
+        policy.update(Round(cost_seconds=0.08))
+    policy.update(Round(cost_seconds=0.30, propose_seconds=0.16, chain_end=True))
+    assert policy.excess() == pytest.approx(0.16 / 0.08)
