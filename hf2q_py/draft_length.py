@@ -288,18 +288,16 @@ class AdaptiveK:
         one, the first chained one after it: timed together), and, when it
         drafted, the acceptance per draft position (pooled and for ``r.key``)."""
         width, key, drafted, accepted = r.forward_tokens, r.key, r.drafted, r.accepted
+        t1 = self.time(1)
+        if not drafted and t1 and r.propose_seconds > 0.05 * t1:
+            # drafts made (or tried) while a decode ran, catch-up included: what a probe costs
+            self._note_excess(r.propose_seconds / t1)
         if drafted == 0 and (r.chain_end or r.restarted or self._after_restart):
             self._break[0] += r.cost_seconds - r.propose_seconds  # drafting is no break cost
             self._break[1] += 1
             self._after_restart = r.restarted
             self.since_probe += 1
-            t1 = self.time(1)
-            if (
-                t1 and r.propose_seconds > 0.05 * t1
-            ):  # a probe's cost: drafting (and catching up) during a decode
-                self._note_excess(r.propose_seconds / t1)
             return
-        t1 = self.time(1)
         if self._break[1] and t1:  # the break is over: what it cost beyond pipelined decodes
             self.break_seconds = 0.9 * self.break_seconds + self._break[0] - self._break[1] * t1
             self.breaks = 0.9 * self.breaks + 1.0
@@ -316,11 +314,8 @@ class AdaptiveK:
         self.seconds[width] = 0.9 * self.seconds.get(width, 0.0) + seconds
         self.counts[width] = 0.9 * self.counts.get(width, 0.0) + 1.0
         t1 = self.time(1)
-        if t1 and not caught_up:
-            if drafted and not accepted:  # a failed verify round: drafting + the wider forward
-                self._note_excess(r.cost_seconds / t1 - 1.0)
-            elif not drafted and r.propose_seconds > 0.05 * t1:  # drafts made while a decode ran
-                self._note_excess(r.propose_seconds / t1)
+        if t1 and drafted and not accepted and not caught_up:  # a failed verify: drafting + the wider forward
+            self._note_excess(r.cost_seconds / t1 - 1.0)
         if drafted == 0:
             self.since_probe += 1
             return
