@@ -97,11 +97,12 @@ def mlx_lm(target, draft, ids, max_tokens, k) -> tuple[Timed, dict]:
 def engines(args, draft) -> dict:
     """label -> a function (target, ids) -> (Timed, info)."""
     m = args.max_tokens
-    common = {"method": "draft", "draft": draft, "draft_p_min": args.p_min}
+    common = {"method": "draft", "draft": draft, "draft_p_min": args.p_min, "draft_min_prob": args.min_prob}
     model_only = {**common, "draft_suffix_depth": 0}
+    fixed = {**model_only, "draft_p_min": 0.0, "draft_min_prob": 0.0}  # always K drafts
     out = {"plain": lambda t, ids: ours(t, ids, m)}
     for k in args.fixed_ks:
-        out[f"hf2q fixed K={k}"] = lambda t, ids, k=k: ours(t, ids, m, k=k, adaptive=False, **model_only)
+        out[f"hf2q fixed K={k}"] = lambda t, ids, k=k: ours(t, ids, m, k=k, adaptive=False, **fixed)
     out["hf2q adaptive"] = lambda t, ids: ours(t, ids, m, k=args.k, **model_only)
     if args.suffix_depth:
         out["hf2q adaptive+copies"] = lambda t, ids: ours(
@@ -171,12 +172,20 @@ def main():
     ap.add_argument("target", help="GGUF / model path, or 'builtin'")
     ap.add_argument("draft", help="GGUF / model path, or 'builtin'")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--k", type=int, default=8, help="adaptive: most drafts per round")
+    ap.add_argument(
+        "--k", type=int, default=None, help="adaptive: most drafts per round (default: the method's)"
+    )
     ap.add_argument("--fixed-ks", default="4", help="comma-separated fixed Ks for hf2q-py")
     ap.add_argument(
         "--mlx-ks", default="4", help="comma-separated Ks for mlx-lm (the best one is the reference)"
     )
     ap.add_argument("--p-min", type=float, default=None, help="draft_p_min (default: SpecConfig's)")
+    ap.add_argument(
+        "--min-prob",
+        type=float,
+        default=None,
+        help="draft_min_prob of the adaptive variants (default: SpecConfig's)",
+    )
     ap.add_argument(
         "--suffix-depth",
         type=int,
@@ -199,10 +208,21 @@ def main():
     args = ap.parse_args()
     args.fixed_ks = [int(x) for x in args.fixed_ks.split(",") if x]
     args.mlx_ks = [int(x) for x in args.mlx_ks.split(",") if x]
-    if args.p_min is None:
-        from hf2q_py.config import SpecConfig
+    from hf2q_py.config import SpecConfig
+    from hf2q_py.errors import Hf2qError
 
-        args.p_min = SpecConfig().draft_p_min
+    defaults = SpecConfig(method="draft", draft="-")
+    args.p_min = defaults.draft_p_min if args.p_min is None else args.p_min
+    args.min_prob = defaults.draft_min_prob if args.min_prob is None else args.min_prob
+    args.k = defaults.draft_length if args.k is None else args.k
+    try:  # every option's range, before any model loads
+        SpecConfig(
+            method="draft", draft="-", k=args.k, draft_p_min=args.p_min, draft_min_prob=args.min_prob
+        ).validate()
+        for k in args.fixed_ks:
+            SpecConfig(method="draft", draft="-", k=k).validate()
+    except Hf2qError as e:
+        ap.error(str(e))
 
     def load(src):
         return hf2q_py.load(dtype="float32") if src == "builtin" else hf2q_py.load(src, dtype="float32")
@@ -274,8 +294,9 @@ def report(args, labels, results, started) -> None:
     ]
     notes = (
         f"Target {Path(args.target).name}, draft {Path(args.draft).name}, float32, {args.max_tokens} new "
-        f"tokens, medians of {args.repeats}, draft_p_min {args.p_min}, adaptive K <= {args.k}, copies at "
-        f"match depth >= {args.suffix_depth}; {minutes} min of timing."
+        f"tokens, medians of {args.repeats}; fixed K: always K drafts; adaptive K <= {args.k} with "
+        f"draft_min_prob {args.min_prob}, draft_p_min {args.p_min}; copies at match depth >= "
+        f"{args.suffix_depth}; {minutes} min of timing."
     )
     rec = res.record(
         shlex.join(["python", "benchmarks/bench_draft.py", *sys.argv[1:]]), tables, notes=notes, data=results

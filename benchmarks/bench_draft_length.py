@@ -1,25 +1,38 @@
-"""Draft-length policies of the draft method, simulated: adaptive K (as the
-draft method tunes it) against fixed K on acceptance patterns of a draft
-model, with round costs of a measured pair, no timing noise. Each round
-drafts K tokens and the first rejection falls where a per-position hazard
-puts it; the cost of a round is the target forward of K + 1 tokens plus K
-draft steps. Tokens per second are averaged over seeded generations.
+"""Draft-length policies of the draft method, without timing noise: adaptive
+K (as the draft method tunes it) against fixed K, with round costs of a
+measured pair (a round: the target forward of K + 1 tokens plus one draft
+step per draft; in plain decodes). Two sources of acceptance:
+
+Simulated patterns (tokens per second averaged over seeded generations):
+each round drafts K tokens and the first rejection falls where a
+per-position hazard puts it, P(draft i rejected | drafts before it
+accepted): bursty (10%, 10%, then 2%: rejections at the first positions or
+none, as on code edits), flat 90% / 70% (every position alike), perfect
+(the draft is always right), late (2% for three positions, then 30%), hard
+stretch (30% at tokens 8-23 of the answer, 2% elsewhere).
 
     python benchmarks/bench_draft_length.py [--tokens 64] [--seeds 40] [--draft-cost 0.3]
         [--slope 0.06] [--results PATH]
 
-Patterns (hazard = P(draft i rejected | drafts before it accepted)):
-bursty (10%, 10%, then 2%: rejections at the first positions or none, as
-on code edits), flat 90% / 70% (every position alike), perfect (the draft
-is always right), late (2% for three positions, then 30%), hard stretch (30% at
-tokens 8-23 of the answer, 2% elsewhere: rejections clustered early in the answer, as traced
-on a type-hints edit).
+Recorded streams of a real pair: the target's greedy answers to the bench
+workloads and, at every position, the draft model's greedy token and its
+probability, read in one teacher-forced forward. A round's drafts are
+accepted up to the first position where the draft's token differs from the
+answer, and a draft confidence rule (``draft_min_prob``) ends a draft where
+the product of those probabilities falls below it. Drafts after a rejected
+one are judged with the probabilities of the answer's context (they are
+rejected either way; only where a draft ends can differ).
+
+    python benchmarks/bench_draft_length.py --record qwen15.gguf qwen05.gguf --streams S.json
+    python benchmarks/bench_draft_length.py --streams S.json --draft-cost 0.27 --slope 0.045
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
+import statistics
 import shlex
 import sys
 from pathlib import Path
@@ -32,6 +45,7 @@ from hf2q_py.proposers.draft_model import DraftModelProposer  # noqa: E402
 from hf2q_py.stats import Round  # noqa: E402
 from hf2q_py.tools import results  # noqa: E402
 from hf2q_py.tools.files import check_writable  # noqa: E402
+from hf2q_py.methods import DEFAULT_DRAFT_MIN_PROB, method_named  # noqa: E402
 from hf2q_py.errors import run_script  # noqa: E402
 
 PATTERNS = {
@@ -77,6 +91,108 @@ def _hazard(pattern, position: int, i: int) -> float:
     return pattern[min(i, len(pattern) - 1)]
 
 
+def record(target_src: str, draft_src: str, path: str, max_tokens: int, only: str) -> None:
+    """Record the target's greedy answers to the workloads whose names contain
+    ``only`` and the draft model's greedy token and probability at each position."""
+    import mlx.core as mx
+
+    import hf2q_py
+    from hf2q_py.tools.workloads import default_workloads
+
+    def load(src):
+        return hf2q_py.load(dtype="float32") if src == "builtin" else hf2q_py.load(src, dtype="float32")
+
+    target = load(target_src)
+    draft = target if draft_src == target_src else load(draft_src)
+    streams = []
+    for w in default_workloads():
+        if only not in w.name or w.then:
+            continue
+        ids = hf2q_py.encode_prompt(target, w.prompt)
+        answer = hf2q_py.generate(target, ids, max_tokens=max_tokens).tokens
+        logits = draft.model(mx.array(ids + answer[:-1])[None])[0, len(ids) - 1 :].astype(mx.float32)
+        probs = mx.softmax(logits, axis=-1)
+        streams.append(
+            {
+                "name": w.name,
+                "prompt_tokens": len(ids),
+                "output": answer,
+                "draft_argmax": mx.argmax(probs, axis=-1).tolist(),
+                "draft_top": probs.max(axis=-1).tolist(),
+            }
+        )
+        print(f"recorded {w.name}: {len(ids)} + {len(answer)} tokens", flush=True)
+    data = {"target": Path(target_src).name, "draft": Path(draft_src).name, "streams": streams}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+
+
+def replay(policy, stream: dict, min_prob: float, draft_cost: float, slope: float) -> float:
+    """Tokens per second of ``policy`` on a recorded stream (see the module docstring)."""
+    out, top = stream["output"], stream["draft_top"]
+    wrong = {i for i, (d, t) in enumerate(zip(stream["draft_argmax"], out)) if d != t}
+    done, seconds = 0, 0.0
+    while done < len(out):
+        k = min(policy.next_k(), len(out) - done - 1)
+        n, whole = 0, 1.0
+        while n < k:
+            whole *= top[done + n]
+            n += 1
+            if whole < min_prob:
+                break
+        if n == 0:
+            r = Round(cost_seconds=DECODE_S)
+            done += 1
+        else:
+            accepted = 0
+            while accepted < n and done + accepted not in wrong:
+                accepted += 1
+            verify = DECODE_S * (1 + slope * n)
+            draft = DECODE_S * draft_cost * n
+            r = Round(k=k, drafted=n, accepted=accepted, cost_seconds=verify + draft,
+                      propose_seconds=draft, verify_seconds=verify)  # fmt: skip
+            done += accepted + 1
+        seconds += r.cost_seconds
+        policy.update(r)
+    return len(out) / seconds
+
+
+def stream_tables(path: str, ks: list[int], k_max: int, draft_cost: float, slope: float) -> tuple[list, dict]:
+    """Per recorded stream: fixed K, adaptive K without and with the confidence rule."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        streams = data["streams"]
+    except (OSError, ValueError, KeyError) as e:
+        raise Hf2qError(f"cannot read recorded streams {path}: {e}") from None
+    rule = DEFAULT_DRAFT_MIN_PROB
+    variants = {f"fixed K={k}": (lambda k=k: FixedK(k), 0.0) for k in ks}
+    variants[f"adaptive K<={k_max}, no rule"] = (lambda: adaptive(k_max, draft_cost), 0.0)
+    variants[f"adaptive K<={k_max}, min_prob {rule}"] = (lambda: adaptive(k_max, draft_cost), rule)
+    rows, ratios, data_out = [], {v: [] for v in variants if v.startswith("adaptive")}, {}
+    for st in streams:
+        speed = {v: replay(make(), st, mp, draft_cost, slope) for v, (make, mp) in variants.items()}
+        best = max((speed[v], v) for v in speed if v.startswith("fixed"))
+        for v in ratios:
+            ratios[v].append(speed[v] / best[0])
+        wrong = sum(d != t for d, t in zip(st["draft_argmax"], st["output"]))
+        rows.append(
+            [st["name"], f"{wrong}/{len(st['output'])}", *(f"{x:.2f}" for x in speed.values()), best[1]]
+            + [f"{speed[v] / best[0]:.2f}x" for v in ratios]
+        )
+        data_out[st["name"]] = speed
+    rows.append(
+        ["mean", "", *([""] * len(variants)), ""] + [f"{statistics.mean(r):.3f}x" for r in ratios.values()]
+    )
+    columns = ["stream", "draft wrong", *variants, "best fixed", *(f"{v} / best fixed" for v in ratios)]
+    title = (
+        f"tokens per second of replayed decoding (a plain decode: {1 / DECODE_S:.2f} tok/s), "
+        f"{data.get('target')} with draft {data.get('draft')}"
+    )
+    align = "ll" + "r" * len(variants) + "l" + "r" * len(ratios)
+    return [results.table(columns, rows, align, title=title)], data_out
+
+
 def adaptive(k_max: int, draft_cost: float) -> AdaptiveK:
     policy = AdaptiveK(k_max)
     DraftModelProposer(None, cost=draft_cost).tune(policy)
@@ -85,26 +201,55 @@ def adaptive(k_max: int, draft_cost: float) -> AdaptiveK:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokens", type=int, default=64, help="tokens per generation")
-    ap.add_argument("--seeds", type=int, default=40, help="generations per cell")
+    ap.add_argument("--tokens", type=int, default=64, help="tokens per generation (patterns, recording)")
+    ap.add_argument("--seeds", type=int, default=40, help="generations per cell (patterns)")
     ap.add_argument("--draft-cost", type=float, default=0.3, help="a draft step relative to a target decode")
     ap.add_argument("--slope", type=float, default=0.06, help="extra cost of each verified token (decodes)")
     ap.add_argument("--fixed-ks", default="2,4,8")
+    ap.add_argument(
+        "--k", type=int, default=None, help="adaptive: most drafts per round (default: the method's)"
+    )
+    ap.add_argument("--streams", default=None, help="replay the recorded streams in this file (JSON)")
+    ap.add_argument(
+        "--record", nargs=2, metavar=("TARGET", "DRAFT"), help="record --streams with this pair first"
+    )
+    ap.add_argument("--workloads", default="", help="recording: substring of the workload names")
     ap.add_argument("--results", default=None, help="also write a results file (JSON) here")
     a = ap.parse_args()
     if a.tokens < 1 or a.seeds < 1:
         ap.error("--tokens and --seeds must be at least 1")
     if a.draft_cost < 0 or a.slope < 0:
         ap.error("--draft-cost and --slope must be at least 0")
+    if a.record and not a.streams:
+        ap.error("--record needs --streams (the file to write)")
     try:
         ks = [int(k) for k in a.fixed_ks.split(",")]
         for k in ks:
             validate_k(k)
+        k_max = a.k if a.k is not None else method_named("draft").k_for(None)
+        validate_k(k_max)
     except (ValueError, Hf2qError) as e:
-        ap.error(f"--fixed-ks must be comma-separated draft lengths in [1, {MAX_K}] ({e})")
+        ap.error(f"--fixed-ks and --k must be draft lengths in [1, {MAX_K}] ({e})")
     if a.results:
         check_writable(a.results, "--results file")
-    k_max = max(ks)
+    if a.record:
+        check_writable(a.streams, "--streams file")
+        record(*a.record, a.streams, a.tokens, a.workloads)
+    costs = f"draft step {a.draft_cost} decodes, verify of K + 1 tokens 1 + {a.slope} K decodes"
+    if a.streams:
+        tables, data = stream_tables(a.streams, ks, k_max, a.draft_cost, a.slope)
+        notes = f"{costs}; streams {a.streams}"
+    else:
+        tables, data = pattern_tables(ks, k_max, a)
+        notes = costs
+    rec = results.record(
+        "python benchmarks/bench_draft_length.py " + shlex.join(sys.argv[1:]), tables, notes=notes, data=data
+    )
+    results.publish(rec, a.results)
+
+
+def pattern_tables(ks: list[int], k_max: int, a) -> tuple[list, dict]:
+    """Per simulated pattern: fixed K and adaptive K, means over seeded generations."""
     policies = {f"fixed K={k}": (lambda k=k: FixedK(k)) for k in ks}
     policies[f"adaptive K<={k_max}"] = lambda: adaptive(k_max, a.draft_cost)
     rows, data = [], {}
@@ -117,21 +262,12 @@ def main() -> None:
         ada = speed[f"adaptive K<={k_max}"]
         rows.append([name, *(f"{speed[k]:.2f}" for k in policies), best[1], f"{ada / best[0]:.2f}x"])
         data[name] = speed
-    rec = results.record(
-        "python benchmarks/bench_draft_length.py " + shlex.join(sys.argv[1:]),
-        [
-            results.table(
-                ["pattern", *policies, "best fixed", "adaptive / best fixed"],
-                rows,
-                "l" + "r" * len(policies) + "lr",
-                title="tokens per second of simulated decoding (a plain decode: "
-                f"{1 / DECODE_S:.2f} tok/s), means over {a.seeds} generations of {a.tokens} tokens",
-            )
-        ],
-        notes=f"draft step {a.draft_cost} decodes, verify of K + 1 tokens 1 + {a.slope} K decodes",
-        data=data,
+    title = (
+        f"tokens per second of simulated decoding (a plain decode: {1 / DECODE_S:.2f} tok/s), "
+        f"means over {a.seeds} generations of {a.tokens} tokens"
     )
-    results.publish(rec, a.results)
+    columns = ["pattern", *policies, "best fixed", "adaptive / best fixed"]
+    return [results.table(columns, rows, "l" + "r" * len(policies) + "lr", title=title)], data
 
 
 if __name__ == "__main__":

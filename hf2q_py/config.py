@@ -23,7 +23,7 @@ class SpecConfig:
     the defaults, ranges and which method takes which option.
 
     ``k`` is the (maximum) draft length, by default the method's (32 for the
-    n-gram suffix proposer, 16 for prompt lookup, 8 otherwise); ``adaptive``
+    n-gram suffix proposer, 16 for prompt lookup and the draft model, 8 otherwise); ``adaptive``
     lets the engine choose K in [0, k] each round from measured acceptance
     and cost.
     """
@@ -34,6 +34,7 @@ class SpecConfig:
     ngram_min: int = _default("ngram_min")
     ngram_max: int = _default("ngram_max")
     draft: Any = _default("draft")  # draft model: a Target or a load() source
+    draft_min_prob: float = _default("draft_min_prob")  # draft method: end a draft below this probability
     draft_p_min: float = _default("draft_p_min")
     draft_suffix_depth: int = _default(
         "draft_suffix_depth"

@@ -279,7 +279,7 @@ class AdaptiveK:
         if k > 0:
             return k
         if self.since_probe >= self.cooldown:
-            return self.probe_k
+            return min(self.probe_k, self.k_max)
         return 0
 
     def update(self, r: Round) -> None:

@@ -93,6 +93,11 @@ def _check_skip(value: Any) -> None:
 
 NGRAM_PROPOSERS = ("suffix", "lookup")
 
+#: The draft method's default ``draft_min_prob``: chosen by replaying the
+#: draft-length policies against the real pair's recorded greedy answers and
+#: the draft model's own probabilities (benchmarks/bench_draft_length.py --streams).
+DEFAULT_DRAFT_MIN_PROB = 0.5
+
 OPTIONS: dict[str, Option] = {
     o.name: o
     for o in (
@@ -163,6 +168,15 @@ OPTIONS: dict[str, Option] = {
             lambda v: check_float("draft-p-min", v, 0.0, 1.0, hi_open=True),
         ),
         Option(
+            "draft_min_prob",
+            "float",
+            DEFAULT_DRAFT_MIN_PROB,
+            "end a draft at the token where the draft model's estimated probability that the whole "
+            "draft is accepted (the product of its token probabilities) falls below this, in [0, 1] "
+            f"(default {DEFAULT_DRAFT_MIN_PROB}; 0: never)",
+            lambda v: check_float("draft-min-prob", v, 0.0, 1.0),
+        ),
+        Option(
             "draft_suffix_depth",
             "int",
             4,
@@ -231,8 +245,17 @@ METHODS: dict[str, Method] = {
         Method(
             "draft",
             "a small model with the target's tokenizer",
-            (*_SPECULATIVE, "draft", "draft_p_min", "draft_suffix_depth", "memory", "suffix_min_prob"),
+            (
+                *_SPECULATIVE,
+                "draft",
+                "draft_min_prob",
+                "draft_p_min",
+                "draft_suffix_depth",
+                "memory",
+                "suffix_min_prob",
+            ),
             required=("draft",),
+            default_k=16,
             build=".proposers.draft_model:build",
             draws_drafts=True,
         ),

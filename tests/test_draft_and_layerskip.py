@@ -36,7 +36,15 @@ def test_a_different_random_draft_model_is_lossless(arch, scale, k):
     prompt = random_prompt(12)
     want = baseline(target, prompt, 48)
     r = hf2q_py.generate(
-        target, prompt, max_tokens=48, method="draft", draft=draft, k=k, adaptive=False, draft_p_min=0.0
+        target,
+        prompt,
+        max_tokens=48,
+        method="draft",
+        draft=draft,
+        k=k,
+        adaptive=False,
+        draft_p_min=0.0,
+        draft_min_prob=0.0,
     )
     assert_same_greedy(target.model, prompt, r.tokens, want)
     assert r.stats.drafted > 0
@@ -57,6 +65,7 @@ def test_the_target_as_its_own_draft_accepts_everything(arch, scale, k):
         k=k,
         adaptive=False,
         draft_p_min=0.0,
+        draft_min_prob=0.0,
         draft_suffix_depth=0,
     )
     assert_same_greedy(target.model, prompt, r.tokens, want)
@@ -71,7 +80,15 @@ def test_draft_p_min_drafts_less_and_stays_lossless():
     prompt = random_prompt(12)
     want = baseline(target, prompt, 40)
     free = hf2q_py.generate(
-        target, prompt, max_tokens=40, method="draft", draft=draft, k=6, adaptive=False, draft_p_min=0.0
+        target,
+        prompt,
+        max_tokens=40,
+        method="draft",
+        draft=draft,
+        k=6,
+        adaptive=False,
+        draft_p_min=0.0,
+        draft_min_prob=0.0,
     )
     gated = hf2q_py.generate(
         target, prompt, max_tokens=40, method="draft", draft=draft, k=6, adaptive=False, draft_p_min=0.3

@@ -2,6 +2,8 @@
 its drafts come from copies of the context where the context matches deeply:
 both stay lossless, and a copy costs no draft-model forward."""
 
+import math
+
 import mlx.core as mx
 import pytest
 from helpers import assert_same_greedy
@@ -42,6 +44,39 @@ def test_a_draft_ends_before_the_first_token_the_draft_is_unsure_of(p_min):
     assert proposer.confidence == pytest.approx(conf[: len(got)], abs=1e-4)
 
 
+def own_probabilities(model, tokens):
+    """The draft model's probability of each next token of ``tokens`` (one full forward)."""
+    logits = model(mx.array([tokens]))[0].astype(mx.float32)
+    probs = mx.softmax(logits[:-1], axis=-1)
+    return mx.take_along_axis(probs, mx.array(tokens[1:])[:, None], axis=-1)[:, 0].tolist()
+
+
+@pytest.mark.parametrize("min_prob", [0.05, 0.3, 0.7])
+def test_a_draft_ends_at_the_token_where_its_probability_of_acceptance_falls_below_min_prob(min_prob):
+    draft = tiny_target("llama", seed=1, scale=2.0)
+    prompt = random_prompt(10)
+    proposer = DraftModelProposer(draft, min_prob=min_prob)
+    proposer.start(None, prompt, {}, Greedy())
+    got = proposer.propose(prompt, 8).tokens
+    assert got  # the first token is always kept
+    own = own_probabilities(draft.model, prompt + got)[len(prompt) - 1 :]
+    whole = [math.prod(own[: i + 1]) for i in range(len(got))]
+    # every token before the last kept one left the draft at least min_prob likely;
+    # a draft cut short ended at the token that took it below
+    assert all(w >= min_prob for w in whole[:-1])
+    if len(got) < 8:
+        assert whole[-1] < min_prob
+    assert proposer.rt.offset == len(proposer.cached)
+
+
+def test_a_sure_draft_model_drafts_the_whole_k():
+    target = tiny_target("llama", seed=0, scale=2.0)
+    prompt = random_prompt(10)
+    proposer = DraftModelProposer(target, min_prob=1e-9)  # any draft is likelier than this
+    proposer.start(None, prompt, {}, Greedy())
+    assert len(proposer.propose(prompt, 8).tokens) == 8
+
+
 def test_the_draft_cache_holds_the_kept_drafts_only():
     draft = tiny_target("llama", seed=1, scale=2.0)
     prompt = random_prompt(10)
@@ -54,14 +89,15 @@ def test_the_draft_cache_holds_the_kept_drafts_only():
 
 @pytest.mark.parametrize("arch, scale", PAIRS)
 @pytest.mark.parametrize("adaptive", [False, True])
-def test_confidence_gated_drafts_are_lossless(arch, scale, adaptive):
+@pytest.mark.parametrize("gate", [dict(draft_p_min=0.1), dict(draft_min_prob=0.5)])
+def test_confidence_gated_drafts_are_lossless(arch, scale, adaptive, gate):
     target = tiny_target(arch, seed=0, scale=scale)
     draft = tiny_target(arch, seed=1, scale=scale)
     prompt = random_prompt(12)
     want = hf2q_py.generate(target, prompt, max_tokens=40).tokens
     for d in (draft, target):  # a weak draft and a perfect one
         r = hf2q_py.generate(
-            target, prompt, max_tokens=40, method="draft", draft=d, k=6, adaptive=adaptive, draft_p_min=0.1
+            target, prompt, max_tokens=40, method="draft", draft=d, k=6, adaptive=adaptive, **gate
         )
         assert_same_greedy(target.model, prompt, r.tokens, want)
 

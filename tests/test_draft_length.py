@@ -69,6 +69,12 @@ def test_drafts_that_are_never_right_fall_back_to_plain_decoding_with_rare_probe
     assert policy.cooldown == policy.max_cooldown  # failed probes back off
 
 
+def test_a_probe_never_drafts_more_than_k_max():
+    policy = AdaptiveK(1)
+    ks = play(policy, lambda k: 0, 200)
+    assert max(ks) == 1 and ks.count(1) >= 2  # it probes, one draft at a time
+
+
 def test_each_key_keeps_its_own_acceptance():
     policy = AdaptiveK(8)
     for _ in range(20):

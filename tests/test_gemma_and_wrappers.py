@@ -45,6 +45,7 @@ def options(arch, method, target):
         return {
             "draft": perturbed_target(arch, scale=1.5 if arch == "gpt_oss" else 1.0, noise=0.02),
             "draft_p_min": 0.0,
+            "draft_min_prob": 0.0,
         }
     if method == "layerskip":
         return {"skip_layers": [1]}

@@ -92,7 +92,11 @@ def run(target, prompt, method, k, n=32, **kw):
 
 def method_options(arch, method, target):
     if method == "draft":
-        return {"draft": perturbed_target(arch, scale=1.5, noise=0.02), "draft_p_min": 0.0}
+        return {
+            "draft": perturbed_target(arch, scale=1.5, noise=0.02),
+            "draft_p_min": 0.0,
+            "draft_min_prob": 0.0,
+        }
     if method == "layerskip":
         return {"skip_layers": [2]}
     if method == "dflash":
@@ -123,7 +127,14 @@ def test_a_close_draft_model_accepts_part_of_its_blocks(arch):
     prompt = random_prompt(12)
     want = reference_greedy(target.model, prompt, 48)
     r = run(
-        target, prompt, "draft", 6, n=48, draft=perturbed_target(arch, scale=1.5, noise=0.02), draft_p_min=0.0
+        target,
+        prompt,
+        "draft",
+        6,
+        n=48,
+        draft=perturbed_target(arch, scale=1.5, noise=0.02),
+        draft_p_min=0.0,
+        draft_min_prob=0.0,
     )
     assert_same_greedy(target.model, prompt, r.tokens, want)
     assert 0.2 < r.stats.acceptance_rate < 0.95

@@ -45,7 +45,7 @@ def test_every_method_row_names_known_options_and_a_builder_that_imports():
     [
         (SpecConfig(method="ngram"), 32),
         (SpecConfig(method="ngram", ngram_proposer="lookup"), 16),
-        (SpecConfig(method="draft", draft="d.gguf"), 8),
+        (SpecConfig(method="draft", draft="d.gguf"), 16),
         (SpecConfig(method="layerskip"), 8),
         (SpecConfig(method="ngram", k=5), 5),
     ],

@@ -68,7 +68,15 @@ def test_target_padding_ids_never_index_past_the_draft_embedding():
     want = hf2q_py.generate(target, prompt, max_tokens=40).tokens
     assert max(want) >= VOCAB  # the case under test: ids past the draft's table
     got = hf2q_py.generate(
-        target, prompt, max_tokens=40, method="draft", draft=draft, k=4, adaptive=False, draft_p_min=0.0
+        target,
+        prompt,
+        max_tokens=40,
+        method="draft",
+        draft=draft,
+        k=4,
+        adaptive=False,
+        draft_p_min=0.0,
+        draft_min_prob=0.0,
     )
     assert got.tokens == want and got.stats.drafted > 0
 
@@ -654,7 +662,13 @@ def test_eos_ends_sampled_generation_without_being_emitted(method):
     prompt = random_prompt(8) * 2  # repeats, so the n-gram proposer drafts
     opts = dict(method=method, temperature=0.9, seed=4)
     if method == "draft":
-        opts.update(draft=tiny_target("llama", seed=1, scale=2.0), k=3, adaptive=False, draft_p_min=0.0)
+        opts.update(
+            draft=tiny_target("llama", seed=1, scale=2.0),
+            k=3,
+            adaptive=False,
+            draft_p_min=0.0,
+            draft_min_prob=0.0,
+        )
     free = hf2q_py.generate(target, prompt, max_tokens=30, **opts)
     eos = free.tokens[12]
     target.eos_token_ids = {eos}
@@ -671,7 +685,10 @@ def test_benchmark_scripts_end_bad_input_with_one_line_and_status_2():
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_draft_length.py"
     for args, message in (
         (["--results", "/nonexistent/dir/x.json"], "cannot write --results file /nonexistent/dir/x.json"),
-        (["--fixed-ks", "2,0"], "--fixed-ks must be comma-separated draft lengths"),
+        (["--fixed-ks", "2,0"], "--fixed-ks and --k must be draft lengths in [1, 256]"),
+        (["--k", "300"], "--fixed-ks and --k must be draft lengths in [1, 256]"),
+        (["--streams", "/nonexistent/s.json"], "cannot read recorded streams /nonexistent/s.json"),
+        (["--record", "builtin", "builtin"], "--record needs --streams"),
         (["--seeds", "0"], "--seeds must be at least 1"),
     ):
         done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)

@@ -78,10 +78,20 @@ METHODS = {
     "baseline": dict(),
     "ngram": dict(method="ngram", ngram_proposer="lookup", k=2, adaptive=False),
     "suffix": dict(method="ngram", ngram_proposer="suffix", memory=False, k=2, adaptive=False),
-    "draft": dict(method="draft", k=2, adaptive=False, draft_p_min=0.0, draft_suffix_depth=0),
-    "draft+copies": dict(
-        method="draft", k=2, adaptive=False, draft_p_min=0.0, draft_suffix_depth=1, memory=False
+    "draft": dict(
+        method="draft", k=2, adaptive=False, draft_p_min=0.0, draft_min_prob=0.0, draft_suffix_depth=0
     ),
+    "draft+copies": dict(
+        method="draft",
+        k=2,
+        adaptive=False,
+        draft_p_min=0.0,
+        draft_min_prob=0.0,
+        draft_suffix_depth=1,
+        memory=False,
+    ),
+    # drafts end where the draft model's probability of the whole draft falls below 0.5
+    "draft-confidence": dict(method="draft", k=2, adaptive=False, draft_min_prob=0.5, draft_suffix_depth=0),
     "layerskip": dict(method="layerskip", skip_layers=[1, 2], k=2, adaptive=False),
     "dflash": dict(method="dflash", k=2, adaptive=False),
     "dflash-vocab": dict(method="dflash", k=2, adaptive=False),  # drafts from half the vocabulary
@@ -115,6 +125,8 @@ def test_first_tokens_follow_the_target_distribution(setup, method):
         assert set(first_drafted) == {0}
     elif method in ("ngram", "suffix"):
         assert first_drafted.count(2) > RUNS // 2 and set(first_drafted) <= {0, 2}
+    elif method == "draft-confidence":  # the first draft token is always kept
+        assert set(first_drafted) <= {1, 2} and 1 in first_drafted
     else:
         assert set(first_drafted) == {2}
 
@@ -130,7 +142,8 @@ def test_a_wrong_acceptance_rule_fails_the_same_test(setup):
     counts = Counter()
     for seed in range(RUNS):
         proposer, policy = build_proposer(
-            target, SpecConfig(method="draft", draft=draft, k=2, adaptive=False, draft_p_min=0.0)
+            target,
+            SpecConfig(method="draft", draft=draft, k=2, adaptive=False, draft_p_min=0.0, draft_min_prob=0.0),
         )
         out = []
         for new in generate_tokens(

@@ -58,12 +58,16 @@ def relative_cost(target: Target, draft: Target) -> float:
 class DraftModelProposer(Proposer):
     """Drafts with a second, smaller model.
 
-    ``p_min`` > 0 follows the draft model's confidence: a draft ends before
-    the first token where the draft model's top probability is below
-    ``p_min`` (llama.cpp's ``--draft-p-min``), so weak drafts cost neither
-    draft forwards nor verify width. The check reads each
-    step's confidence while the next step is already built, so it adds no
-    draft forward and no wait.
+    A draft follows the draft model's confidence. ``min_prob`` > 0: a draft
+    ends at the token where its estimated probability of being accepted
+    whole (the product of the draft model's probabilities of its tokens)
+    falls below ``min_prob``, that token kept; ``p_min`` > 0: a draft ends
+    before the first token whose top probability is below ``p_min``
+    (llama.cpp's ``--draft-p-min``). Weak drafts then cost neither draft
+    steps nor verify width, and a K large enough for long sure runs (the
+    draft method's default is 16) stays cheap where the draft model is
+    unsure. Each step's confidence is read after the next step is built,
+    before it runs.
 
     ``lazy_prefill``: the draft model reads the prompt only when it first
     drafts (a combined proposer may never need it), in one batched catch-up.
@@ -71,15 +75,23 @@ class DraftModelProposer(Proposer):
 
     name = "draft"
 
-    def __init__(self, draft: Target, p_min: float = 0.0, lazy_prefill: bool = False, cost: float = 0.0):
+    def __init__(
+        self,
+        draft: Target,
+        p_min: float = 0.0,
+        lazy_prefill: bool = False,
+        cost: float = 0.0,
+        min_prob: float = 0.0,
+    ):
         self.draft = draft
         self.cost = cost  # prior cost of one draft step relative to a target decode
         self.p_min = p_min
+        self.min_prob = min_prob
         self.lazy_prefill = lazy_prefill
         self.rt = None
         self.cached: list[int] = []  # tokens whose K/V are in the draft's cache
         self.synced = 0  # cached[:synced] are known to be committed tokens
-        self.confidence: list[float] = []  # the latest draft's per-token confidence (p_min > 0)
+        self.confidence: list[float] = []  # the latest draft's top probability per token (when gated)
 
     def tune(self, policy) -> None:
         """Adaptive K charges drafting per draft token (``split_drafting``),
@@ -142,30 +154,37 @@ class DraftModelProposer(Proposer):
         feed = self._sync(tokens)
         logits = self._catch_up(feed)
         self.cached.extend(feed)
-        gated = self.p_min > 0
+        gated = self.p_min > 0 or self.min_prob > 0
         steps: list[mx.array] = []
         dists: list[mx.array | None] = []
-        confidence: list[mx.array] = []
-        n = k  # drafts kept
+        top: list[mx.array] = []  # the draft model's top probability at each step
+        own: list[mx.array] = []  # its probability of the token drafted
+        n, whole = k, 1.0  # drafts kept; the estimated probability that all are accepted
         for i in range(k):
             y, q = self.decider.draft_token(logits, tokens, i)
             steps.append(y)
             dists.append(q)
             if gated:
                 probs = q if q is not None else mx.softmax(logits.astype(mx.float32), axis=-1)
-                confidence.append(probs.max())
-                # the previous step is computed (or computing): read its confidence
-                # before this step runs, so an unsure draft ends here at no cost
-                if i > 0 and confidence[i - 1].item() < self.p_min:
-                    n = i - 1
-                    break
-            mx.async_eval(y, *confidence[-1:])
+                top.append(probs.max())
+                own.append(probs[y])
+                # the step before is computed (or computing): read its confidence
+                # before this step runs, so a draft can end there at no cost
+                if i > 0:
+                    if top[i - 1].item() < self.p_min:
+                        n = i - 1
+                        break
+                    whole *= own[i - 1].item()
+                    if whole < self.min_prob:
+                        n = i
+                        break
+            mx.async_eval(y, *top[-1:], *own[-1:])
             if i + 1 < k:
                 logits = self.rt.decode(y).logits[-1]
         else:
-            if gated and confidence[-1].item() < self.p_min:
+            if gated and top[-1].item() < self.p_min:
                 n = k - 1
-        self.confidence = [c.item() for c in confidence[:n]] if gated else []
+        self.confidence = [c.item() for c in top[:n]] if gated else []
         drafts = mx.stack(steps[:n]).tolist() if n else []
         probs = mx.stack(dists[:n]) if n and dists[0] is not None else None
         # keep in the draft cache only the drafts that were fed and are returned
@@ -190,7 +209,11 @@ def build(target: Target, spec) -> DraftModelProposer:
     check_compatible(target, draft)
     copies = spec.draft_suffix_depth > 0
     model = DraftModelProposer(
-        draft, spec.draft_p_min, lazy_prefill=copies, cost=relative_cost(target, draft)
+        draft,
+        spec.draft_p_min,
+        lazy_prefill=copies,
+        cost=relative_cost(target, draft),
+        min_prob=spec.draft_min_prob,
     )
     if not copies:
         return model
