@@ -93,7 +93,7 @@ def _hazard(pattern, position: int, i: int) -> float:
 
 def record(target_src: str, draft_src: str, path: str, max_tokens: int, only: str) -> None:
     """Record the target's greedy answers to the workloads whose names contain
-    ``only`` and the draft model's greedy token and probability at each position."""
+    one of the comma-separated ``only`` and the draft model's greedy token and probability at each position."""
     import mlx.core as mx
 
     import hf2q_py
@@ -106,7 +106,7 @@ def record(target_src: str, draft_src: str, path: str, max_tokens: int, only: st
     draft = target if draft_src == target_src else load(draft_src)
     streams = []
     for w in default_workloads():
-        if only not in w.name or w.then:
+        if not any(part in w.name for part in only.split(",")) or w.then:
             continue
         ids = hf2q_py.encode_prompt(target, w.prompt)
         answer = hf2q_py.generate(target, ids, max_tokens=max_tokens).tokens
@@ -213,7 +213,11 @@ def main() -> None:
     ap.add_argument(
         "--record", nargs=2, metavar=("TARGET", "DRAFT"), help="record --streams with this pair first"
     )
-    ap.add_argument("--workloads", default="", help="recording: substring of the workload names")
+    ap.add_argument(
+        "--workloads",
+        default="code:,fresh:,prose:",
+        help="recording: comma-separated substrings of workload names",
+    )
     ap.add_argument("--results", default=None, help="also write a results file (JSON) here")
     a = ap.parse_args()
     if a.tokens < 1 or a.seeds < 1:
