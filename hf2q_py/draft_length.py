@@ -80,7 +80,9 @@ class AdaptiveK:
     decode, so a draft that saves less than that does not pay. K = 0 means plain
     decoding; then a short probe round runs after a cool-down that doubles
     while probes keep failing, so a workload where drafts never pay runs at
-    plain-decoding speed. Until a pipelined decode is timed (the yardstick
+    plain-decoding speed; drafts that could not pay even if every one were
+    accepted (a draft model as dear as its target) are not probed. Until a
+    pipelined decode is timed (the yardstick
     of every cost), costs are the prior's, so the first round may draft.
 
     Proposers that know something about their drafts before drafting (the
@@ -278,9 +280,18 @@ class AdaptiveK:
         k = self.best_k(key)  # until a pipelined decode is timed, from the prior costs
         if k > 0:
             return k
-        if self.since_probe >= self.cooldown:
+        if self.since_probe >= self.cooldown and self.could_pay(key):
             return min(self.probe_k, self.k_max)
         return 0
+
+    def could_pay(self, key: Hashable = None) -> bool:
+        """Whether drafts of ``key`` would beat plain decoding if every one were
+        accepted, at the current costs. A draft model as dear as its target
+        (a model drafting for itself) could not: it is never probed, since a
+        probe then costs drafting (and the draft model's catch-up) for nothing."""
+        costs = self.costs()
+        per_draft = self.draft_cost(key) if self.split_drafting else 0.0
+        return any((k + 1) / (costs[k + 1] + k * per_draft) > 1.0 for k in range(1, self.k_max + 1))
 
     def update(self, r: Round) -> None:
         """Learn from a finished round: its cost per forward width, or as part

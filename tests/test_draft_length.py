@@ -69,6 +69,17 @@ def test_drafts_that_are_never_right_fall_back_to_plain_decoding_with_rare_probe
     assert policy.cooldown == policy.max_cooldown  # failed probes back off
 
 
+def test_drafts_that_could_not_pay_even_if_all_were_accepted_are_never_probed():
+    """A draft model as dear as its target (one drafting for itself) decodes
+    plainly throughout; a cheap one whose drafts fail is still probed."""
+    dear = AdaptiveK(8, split_drafting=True, prior_rate=0.95, draft_cost_priors={None: 1.0})
+    cheap = AdaptiveK(8, split_drafting=True, prior_rate=0.95, draft_cost_priors={None: 0.1})
+    assert not dear.could_pay() and cheap.could_pay()
+    assert set(play(dear, lambda k: 0, 300)) == {0}
+    late = play(cheap, lambda k: 0, 300)[100:]
+    assert 0 < sum(k > 0 for k in late) <= 0.03 * len(late)
+
+
 def test_a_probe_never_drafts_more_than_k_max():
     policy = AdaptiveK(1)
     ks = play(policy, lambda k: 0, 200)
