@@ -71,7 +71,7 @@ class DraftModelProposer(Proposer):
     before it runs.
 
     ``lazy_prefill``: the draft model reads the prompt only when it first
-    drafts (a combined proposer may never need it), in one batched catch-up.
+    drafts (adaptive K or copies may never need it), in one batched catch-up.
     """
 
     name = "draft"
@@ -212,7 +212,7 @@ def build(target: Target, spec) -> DraftModelProposer:
     model = DraftModelProposer(
         draft,
         spec.draft_p_min,
-        lazy_prefill=copies,
+        lazy_prefill=True,  # the draft model may never run (adaptive K, copies): read the prompt then
         cost=relative_cost(target, draft),
         min_prob=spec.draft_min_prob,
     )
