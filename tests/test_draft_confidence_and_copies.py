@@ -175,7 +175,8 @@ def test_the_copy_option_builds_a_combined_proposer_with_a_larger_cap():
     default, _ = build_proposer(target, SpecConfig(method="draft", draft=draft))
     assert isinstance(default, CombinedProposer) and default.min_depth == 4  # copies by default
     plain, _ = build_proposer(target, SpecConfig(method="draft", draft=draft, draft_suffix_depth=0))
-    assert isinstance(plain, DraftModelProposer) and plain.lazy_prefill  # reads the prompt when it first drafts
+    # without copies too, the draft model reads the prompt when it first drafts
+    assert isinstance(plain, DraftModelProposer) and plain.lazy_prefill
     with pytest.raises(Hf2qError, match="draft-suffix-depth"):
         SpecConfig(method="draft", draft=draft, draft_suffix_depth=-1).validate()
 
