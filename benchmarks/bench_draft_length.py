@@ -65,21 +65,25 @@ def simulate(policy, hazards: list[float], tokens: int, seed: int, draft_cost: f
     done, seconds = 0, 0.0
     while done < tokens:
         k = policy.next_k()
-        if k == 0:
-            r = Round(cost_seconds=DECODE_S)
-            done += 1
-        else:
-            accepted = 0
-            while accepted < k and rng.random() >= _hazard(hazards, done + accepted, accepted):
-                accepted += 1
-            verify = DECODE_S * (1 + slope * k)
-            draft = DECODE_S * draft_cost * k
-            r = Round(k=k, drafted=k, accepted=accepted, cost_seconds=verify + draft,
-                      propose_seconds=draft, verify_seconds=verify)  # fmt: skip
-            done += accepted + 1
+        accepted = 0
+        while accepted < k and rng.random() >= _hazard(hazards, done + accepted, accepted):
+            accepted += 1
+        r = timed_round(k, k, accepted, draft_cost, slope)
+        done += accepted + 1
         seconds += r.cost_seconds
         policy.update(r)
     return done / seconds
+
+
+def timed_round(k: int, drafted: int, accepted: int, draft_cost: float, slope: float) -> Round:
+    """A round of the cost model: a plain decode when nothing is drafted, else a
+    target forward of ``drafted`` + 1 tokens plus one draft step per draft."""
+    if drafted == 0:
+        return Round(cost_seconds=DECODE_S)
+    verify = DECODE_S * (1 + slope * drafted)
+    draft = DECODE_S * draft_cost * drafted
+    return Round(k=k, drafted=drafted, accepted=accepted, cost_seconds=verify + draft,
+                 propose_seconds=draft, verify_seconds=verify)  # fmt: skip
 
 
 def _hazard(pattern, position: int, i: int) -> float:
@@ -140,18 +144,11 @@ def replay(policy, stream: dict, min_prob: float, draft_cost: float, slope: floa
             n += 1
             if whole < min_prob:
                 break
-        if n == 0:
-            r = Round(cost_seconds=DECODE_S)
-            done += 1
-        else:
-            accepted = 0
-            while accepted < n and done + accepted not in wrong:
-                accepted += 1
-            verify = DECODE_S * (1 + slope * n)
-            draft = DECODE_S * draft_cost * n
-            r = Round(k=k, drafted=n, accepted=accepted, cost_seconds=verify + draft,
-                      propose_seconds=draft, verify_seconds=verify)  # fmt: skip
-            done += accepted + 1
+        accepted = 0
+        while accepted < n and done + accepted not in wrong:
+            accepted += 1
+        r = timed_round(k, n, accepted, draft_cost, slope)
+        done += accepted + 1
         seconds += r.cost_seconds
         policy.update(r)
     return len(out) / seconds
