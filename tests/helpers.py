@@ -7,6 +7,9 @@ from mlx_lm.generate import generate_step
 
 NEAR_TIE = 1e-3  # batched vs single-token logits differ by ~1e-5 with OpenBLAS
 
+#: Draft-method options with both confidence rules off: a draft is exactly K tokens.
+UNGATED = {"draft_p_min": 0.0, "draft_min_prob": 0.0}
+
 
 def reference_greedy(model, prompt: list[int], n: int, eos: set[int] = frozenset()) -> list[int]:
     """mlx-lm's own greedy decoding: the ground truth."""

@@ -8,6 +8,7 @@ from functools import cache
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from helpers import UNGATED
 from models import ARCHS, random_prompt, tiny_target
 
 import hf2q_py
@@ -115,7 +116,7 @@ def test_mlx_lm_speculation_past_the_window_is_a_mismatch_and_ours_is_not():
         [
             (
                 "draft",
-                dict(method="draft", draft=draft, k=4, adaptive=False, draft_p_min=0.0, draft_min_prob=0.0),
+                dict(method="draft", draft=draft, k=4, adaptive=False, **UNGATED),
             ),
             ("ngram", dict(method="ngram", k=4)),
             ("mlx-lm-draft", dict(draft=draft, k=4)),
@@ -160,9 +161,7 @@ def test_fuzz_every_method_equals_the_baseline(
         want, tops = baseline_trace(target, prompt, max_tokens)
         opts = dict(method=method, k=k, adaptive=adaptive)
         if method == "draft":
-            opts.update(
-                draft=cached_target(arch, 2.0 if scale == 1.0 else 1.0), draft_p_min=0.0, draft_min_prob=0.0
-            )
+            opts.update(draft=cached_target(arch, 2.0 if scale == 1.0 else 1.0), **UNGATED)
         if method == "layerskip":
             if arch in ("gemma4_text", "nemotron_h"):
                 # gemma4_text: layer 1's KV is shared; nemotron_h: caches are not one per layer

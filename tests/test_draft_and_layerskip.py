@@ -1,7 +1,7 @@
 """Draft-model and layer-skip proposers on the shared engine: lossless, exact caches."""
 
 import pytest
-from helpers import assert_same_greedy, reference_greedy
+from helpers import UNGATED, assert_same_greedy, reference_greedy
 from models import random_prompt, tiny_target
 
 import hf2q_py
@@ -43,8 +43,7 @@ def test_a_different_random_draft_model_is_lossless(arch, scale, k):
         draft=draft,
         k=k,
         adaptive=False,
-        draft_p_min=0.0,
-        draft_min_prob=0.0,
+        **UNGATED,
     )
     assert_same_greedy(target.model, prompt, r.tokens, want)
     assert r.stats.drafted > 0
@@ -64,8 +63,7 @@ def test_the_target_as_its_own_draft_accepts_everything(arch, scale, k):
         draft=target,
         k=k,
         adaptive=False,
-        draft_p_min=0.0,
-        draft_min_prob=0.0,
+        **UNGATED,
         draft_suffix_depth=0,
     )
     assert_same_greedy(target.model, prompt, r.tokens, want)
@@ -87,8 +85,7 @@ def test_draft_p_min_drafts_less_and_stays_lossless():
         draft=draft,
         k=6,
         adaptive=False,
-        draft_p_min=0.0,
-        draft_min_prob=0.0,
+        **UNGATED,
     )
     gated = hf2q_py.generate(
         target, prompt, max_tokens=40, method="draft", draft=draft, k=6, adaptive=False, draft_p_min=0.3

@@ -5,7 +5,7 @@ output equals mlx-lm's past the sliding window."""
 
 import mlx.core as mx
 import pytest
-from helpers import assert_same_greedy, reference_greedy
+from helpers import UNGATED, assert_same_greedy, reference_greedy
 from models import CONFIGS, VOCAB, WRAPPERS, perturbed_target, random_prompt, tiny_target
 
 import hf2q_py
@@ -44,8 +44,7 @@ def options(arch, method, target):
     if method == "draft":
         return {
             "draft": perturbed_target(arch, scale=1.5 if arch == "gpt_oss" else 1.0, noise=0.02),
-            "draft_p_min": 0.0,
-            "draft_min_prob": 0.0,
+            **UNGATED,
         }
     if method == "layerskip":
         return {"skip_layers": [1]}

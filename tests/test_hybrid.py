@@ -3,7 +3,7 @@ of recurrent state is exact, and every method's greedy output equals mlx-lm's.""
 
 import mlx.core as mx
 import pytest
-from helpers import assert_same_greedy, reference_greedy
+from helpers import UNGATED, assert_same_greedy, reference_greedy
 from mlx_lm.models.cache import ArraysCache, trim_prompt_cache
 from models import HYBRIDS, perturbed_target, random_prompt, tiny_target
 
@@ -94,8 +94,7 @@ def method_options(arch, method, target):
     if method == "draft":
         return {
             "draft": perturbed_target(arch, scale=1.5, noise=0.02),
-            "draft_p_min": 0.0,
-            "draft_min_prob": 0.0,
+            **UNGATED,
         }
     if method == "layerskip":
         return {"skip_layers": [2]}
@@ -133,8 +132,7 @@ def test_a_close_draft_model_accepts_part_of_its_blocks(arch):
         6,
         n=48,
         draft=perturbed_target(arch, scale=1.5, noise=0.02),
-        draft_p_min=0.0,
-        draft_min_prob=0.0,
+        **UNGATED,
     )
     assert_same_greedy(target.model, prompt, r.tokens, want)
     assert 0.2 < r.stats.acceptance_rate < 0.95

@@ -7,6 +7,7 @@ import time
 import mlx.core as mx
 import numpy as np
 import pytest
+from helpers import UNGATED
 from models import VOCAB, random_prompt, tiny_model, tiny_target
 
 import hf2q_py
@@ -75,8 +76,7 @@ def test_target_padding_ids_never_index_past_the_draft_embedding():
         draft=draft,
         k=4,
         adaptive=False,
-        draft_p_min=0.0,
-        draft_min_prob=0.0,
+        **UNGATED,
     )
     assert got.tokens == want and got.stats.drafted > 0
 
@@ -666,8 +666,7 @@ def test_eos_ends_sampled_generation_without_being_emitted(method):
             draft=tiny_target("llama", seed=1, scale=2.0),
             k=3,
             adaptive=False,
-            draft_p_min=0.0,
-            draft_min_prob=0.0,
+            **UNGATED,
         )
     free = hf2q_py.generate(target, prompt, max_tokens=30, **opts)
     eos = free.tokens[12]

@@ -5,6 +5,7 @@ from collections import Counter
 import mlx.core as mx
 import numpy as np
 import pytest
+from helpers import UNGATED
 from models import random_prompt, tiny_target
 from scipy.stats import chisquare
 
@@ -78,15 +79,12 @@ METHODS = {
     "baseline": dict(),
     "ngram": dict(method="ngram", ngram_proposer="lookup", k=2, adaptive=False),
     "suffix": dict(method="ngram", ngram_proposer="suffix", memory=False, k=2, adaptive=False),
-    "draft": dict(
-        method="draft", k=2, adaptive=False, draft_p_min=0.0, draft_min_prob=0.0, draft_suffix_depth=0
-    ),
+    "draft": dict(method="draft", k=2, adaptive=False, **UNGATED, draft_suffix_depth=0),
     "draft+copies": dict(
         method="draft",
         k=2,
         adaptive=False,
-        draft_p_min=0.0,
-        draft_min_prob=0.0,
+        **UNGATED,
         draft_suffix_depth=1,
         memory=False,
     ),
@@ -143,7 +141,7 @@ def test_a_wrong_acceptance_rule_fails_the_same_test(setup):
     for seed in range(RUNS):
         proposer, policy = build_proposer(
             target,
-            SpecConfig(method="draft", draft=draft, k=2, adaptive=False, draft_p_min=0.0, draft_min_prob=0.0),
+            SpecConfig(method="draft", draft=draft, k=2, adaptive=False, **UNGATED),
         )
         out = []
         for new in generate_tokens(
