@@ -42,6 +42,9 @@ class NoDrafts:
     def observe(self, drafted: int, accepted: int, key: Hashable = None) -> None:
         pass
 
+    def chain_pays(self) -> bool:
+        return True
+
 
 class FixedK:
     """Always draft up to ``k`` tokens."""
@@ -58,6 +61,24 @@ class FixedK:
 
     def observe(self, drafted: int, accepted: int, key: Hashable = None) -> None:
         pass
+
+    def chain_pays(self) -> bool:
+        """A fixed K keeps the decode pipeline (see ``AdaptiveK.chain_pays``)."""
+        return True
+
+
+@dataclass
+class Timings:
+    """What a Target's forwards cost, as adaptive K measures them: decayed
+    sums of the seconds of rounds per forward width, and of what breaks of
+    the decode pipeline cost beyond pipelined decodes. A Target keeps one
+    per method (``target.timings``), so each generation starts from what
+    the earlier ones measured instead of from the prior."""
+
+    seconds: dict[int, float] = field(default_factory=dict)
+    counts: dict[int, float] = field(default_factory=dict)
+    break_seconds: float = 0.0
+    breaks: float = 0.0
 
 
 @dataclass
@@ -126,19 +147,17 @@ class AdaptiveK:
     max_cooldown: int = 128  # the doubling's cap; a costly probe may wait longer (see probe_budget)
     probe_budget: float = 0.015  # the share of decode time failed probes may cost
     probe_excess: float | None = None  # decayed mean extra cost of a failed draft attempt, in decodes
-    seconds: dict[int, float] = field(default_factory=dict)  # decayed sums per forward width
-    counts: dict[int, float] = field(default_factory=dict)
+    timings: Timings = field(default_factory=Timings)  # round costs per width, pipeline breaks
     cooldown: int = 8
     since_probe: int = 0
     key_priors: dict = field(default_factory=dict)  # key -> prior rate, or (first, later)
-    break_seconds: float = 0.0  # decayed sum of what pipeline breaks cost extra
-    breaks: float = 0.0
     split_drafting: bool = False  # charge drafting per draft token and key (a draft model)
     draft_cost_priors: dict = field(default_factory=dict)  # key -> drafting cost per token / decode
     draft_seconds: dict = field(default_factory=dict)  # key -> decayed sum of drafting seconds
     draft_tokens: dict = field(default_factory=dict)  # key -> decayed sum of drafted tokens
     geometric_keys: frozenset = frozenset()  # keys whose draft positions share one rate
     longer_margin: float = 0.02  # a longer K must promise this much more to be chosen
+    chain_min_restart: float = 0.25  # pipeline decodes only if a break costs this much (decodes)
 
     def __post_init__(self):
         validate_k(self.k_max)
@@ -189,8 +208,8 @@ class AdaptiveK:
     def time(self, n: int) -> float | None:
         """Mean recent seconds of a round that feeds ``n`` tokens (pipelined
         decodes overlap, so single rounds are noisy; sums average them out)."""
-        c = self.counts.get(n)
-        return self.seconds[n] / c if c else None
+        c = self.timings.counts.get(n)
+        return self.timings.seconds[n] / c if c else None
 
     def prior_cost(self, n: int) -> float:
         return 1.0 + self.prior_slope * (n - 1)
@@ -199,16 +218,17 @@ class AdaptiveK:
         """What a break of the decode pipeline costs, relative to a pipelined
         decode (0 until measured, or untimed)."""
         t1 = self.time(1)
-        if not (self.timed and t1 and self.breaks):
+        b = self.timings
+        if not (self.timed and t1 and b.breaks):
             return 0.0
-        return max(0.0, self.break_seconds / self.breaks / t1)
+        return max(0.0, b.break_seconds / b.breaks / t1)
 
     def decode_time(self) -> float | None:
         """Seconds of a plain decode: measured, or (``split_drafting``) estimated
         from the nearest measured verify width through the prior's shape."""
         t1 = self.time(1)
         if t1 is None and self.split_drafting:
-            widths = [w for w, c in self.counts.items() if c and w > 1]
+            widths = [w for w, c in self.timings.counts.items() if c and w > 1]
             if widths:
                 m = min(widths)
                 t1 = self.time(m) / self.prior_cost(m)
@@ -232,7 +252,8 @@ class AdaptiveK:
         """``cost(n)`` for n = 0 .. k_max + 1 (index n); a verify (n >= 2)
         includes the pipeline restart it causes."""
         t1 = self.decode_time()
-        measured = sorted(w for w, c in self.counts.items() if c and w > 1) if self.timed and t1 else []
+        counts = self.timings.counts
+        measured = sorted(w for w, c in counts.items() if c and w > 1) if self.timed and t1 else []
         restart = self.restart_cost()
         out = [1.0, 1.0]
         for n in range(2, self.k_max + 2):
@@ -304,15 +325,15 @@ class AdaptiveK:
             # drafts made (or tried) while a decode ran, catch-up included: what a probe costs
             self._note_excess(r.propose_seconds / t1)
         if drafted == 0 and (r.chain_end or r.restarted or self._after_restart):
+            if r.restarted and self._after_restart:  # unpipelined decodes: each one is a break
+                self._end_break(t1)
             self._break[0] += r.cost_seconds - r.propose_seconds  # drafting is no break cost
             self._break[1] += 1
             self._after_restart = r.restarted
             self.since_probe += 1
             return
-        if self._break[1] and t1:  # the break is over: what it cost beyond pipelined decodes
-            self.break_seconds = 0.9 * self.break_seconds + self._break[0] - self._break[1] * t1
-            self.breaks = 0.9 * self.breaks + 1.0
-        self._break, self._after_restart = [0.0, 0], False
+        self._end_break(t1)
+        self._after_restart = False
         seconds = r.cost_seconds
         # a proposer that first read many committed tokens (a draft model reading
         # the prompt or copied tokens) did one-off work: not a sample of drafting cost
@@ -322,8 +343,9 @@ class AdaptiveK:
             if not (caught_up or r.predrafted):  # drafts made (and timed) during a decode: no sample
                 self.draft_seconds[key] = 0.9 * self.draft_seconds.get(key, 0.0) + r.propose_seconds
                 self.draft_tokens[key] = 0.9 * self.draft_tokens.get(key, 0.0) + drafted
-        self.seconds[width] = 0.9 * self.seconds.get(width, 0.0) + seconds
-        self.counts[width] = 0.9 * self.counts.get(width, 0.0) + 1.0
+        tm = self.timings
+        tm.seconds[width] = 0.9 * tm.seconds.get(width, 0.0) + seconds
+        tm.counts[width] = 0.9 * tm.counts.get(width, 0.0) + 1.0
         t1 = self.time(1)
         if t1 and drafted and not accepted and not caught_up:  # a failed verify: drafting + the wider forward
             self._note_excess(r.cost_seconds / t1 - 1.0)
@@ -331,6 +353,30 @@ class AdaptiveK:
             self.since_probe += 1
             return
         self.observe(drafted, accepted, key)
+
+    def _end_break(self, t1: float | None) -> None:
+        """The break in progress is over: what it cost beyond as many pipelined decodes."""
+        if self._break[1] and t1:
+            tm = self.timings
+            tm.break_seconds = 0.9 * tm.break_seconds + self._break[0] - self._break[1] * t1
+            tm.breaks = 0.9 * tm.breaks + 1.0
+        self._break = [0.0, 0]
+
+    def chain_pays(self) -> bool:
+        """Whether the engine should queue the next decode before reading the
+        current one (pipelining). A pipelined decode is computed before the
+        proposer sees the token before it, so drafts made then cost that
+        decode before their verify; that pays only where a break of the
+        pipeline costs something: at least ``chain_min_restart`` decodes as
+        measured (on a GPU, where it idles while Python builds the next
+        graph). Where breaks cost less (MLX's CPU backend, whose queue runs
+        one decode at a time), decodes stop pipelining and drafts go straight
+        to a verify. Breaks stay measured either way (an unpipelined decode
+        is a break of its own), so the choice follows the measurement; until
+        a pipelined decode and a break are timed, decodes pipeline."""
+        if not self.timed or self.time(1) is None or self.timings.breaks == 0:
+            return True
+        return self.restart_cost() >= self.chain_min_restart
 
     def _note_excess(self, x: float) -> None:
         x = max(0.0, x)

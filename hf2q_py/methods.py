@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
 
-from .draft_length import MAX_K, AdaptiveK, FixedK, NoDrafts, validate_k
+from .draft_length import MAX_K, AdaptiveK, FixedK, NoDrafts, Timings, validate_k
 from .errors import Hf2qError
 from .proposers.ngram import DEFAULT_MAX_N, MAX_NGRAM, validate_ngram
 from .proposers.suffix import SuffixOptions
@@ -328,7 +328,9 @@ def build_proposer(
     the run must repeat exactly, so a proposer that drafts from
     distributions gets a K that does not depend on timings, nor on the
     Target's memory of earlier generations (which random draws a position
-    uses depends on whether and from where it was drafted)."""
+    uses depends on whether and from where it was drafted). An adaptive K
+    times its rounds into the Target's ``Timings`` for the method (kept in
+    ``target.remembered``), so later generations start from them."""
     spec.validate()
     method = method_named(spec.method)
     if method.build is None:
@@ -341,6 +343,7 @@ def build_proposer(
     k = max(spec.draft_length, proposer.min_k_cap)
     policy = AdaptiveK(k, timed=not (seeded_sampling and method.draws_drafts)) if spec.adaptive else FixedK(k)
     if isinstance(policy, AdaptiveK):
+        policy.timings = target.remembered.setdefault(("timings", spec.method), Timings())
         policy.key_priors = dict(proposer.key_priors)
         proposer.tune(policy)
     return proposer, policy

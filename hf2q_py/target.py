@@ -55,7 +55,8 @@ class Target:
         #: Token ids that end generation (from the tokenizer; may be replaced).
         self.eos_token_ids: set[int] = set(tokenizer.eos_token_ids) if tokenizer is not None else set()
         #: What generations on this target keep for later ones: draft models and
-        #: DFlash drafters loaded from a path, layer skip's measured choice.
+        #: DFlash drafters loaded from a path, layer skip's measured choice,
+        #: what its forwards cost per width (adaptive K's ``Timings``, per method).
         #: ``target.remembered.clear()`` forgets them (and frees the models).
         self.remembered: dict[Hashable, Any] = {}
         #: Earlier generations, drafted from by the n-gram method's suffix

@@ -13,6 +13,8 @@ without timing noise:
 
 Requests of one session (an agent's successive edits) replay in order on
 one memory, as on one Target; every other stream starts with an empty one.
+What adaptive K learns of forward costs carries from stream to stream, as
+on one Target.
 The model of time leaves out what the engine does around the forwards
 (pipelined plain decodes, drafting) and other load on the machine: it
 ranks proposers and settings; ``hf2q-py bench`` measures speed.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -33,8 +36,10 @@ from ..errors import Hf2qError
 from ..memory import DraftMemory
 from ..stats import Round
 
-#: Forward widths measured for the cost model (others are interpolated).
-COST_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 33, 48)
+#: Forward widths measured for the cost model: every width a verify of up to
+#: 32 drafts feeds (cost need not grow with the width: on a CPU, matrix
+#: kernels handle some row counts better than fewer), and 48.
+COST_WIDTHS = (*range(1, 34), 48)
 
 
 @dataclass
@@ -99,8 +104,9 @@ class ReplayRow:
 class _MemoryHolder:
     """What ``build_proposer`` needs of a Target for model-free methods."""
 
-    def __init__(self, memory: DraftMemory):
+    def __init__(self, memory: DraftMemory, remembered: dict | None = None):
         self.memory = memory
+        self.remembered = {} if remembered is None else remembered
 
 
 def replay_stream(stream: Stream, proposer, policy, cost: CostModel) -> tuple[int, int, int, int, float]:
@@ -151,12 +157,13 @@ def replay(
 
     rows = []
     memories: dict[str, DraftMemory] = {}
+    remembered: dict = {}  # the forward timings adaptive K measures, as on one Target
     for s in streams:
         memory = memories.setdefault(s.session, DraftMemory()) if s.session else DraftMemory()
         spec = SpecConfig(**options)
         if spec.method != "ngram":
             raise Hf2qError(f"replay runs model-free methods only (ngram), not {spec.method!r}")
-        proposer, policy = build_proposer(_MemoryHolder(memory), spec)
+        proposer, policy = build_proposer(_MemoryHolder(memory, remembered), spec)
         r, v, d, a, sec = replay_stream(s, proposer, policy, cost)
         base = cost(1) * len(s.output) + cost.restart  # plain decoding restarts once, at its first token
         rows.append(ReplayRow(s.name, s.kind, label, len(s.output), r, v, d, a, sec, base))
@@ -185,11 +192,11 @@ def record_streams(target, workloads, max_tokens: int, log: Callable[[str], None
 
 
 def measure_costs(
-    target, context: Sequence[int], widths: Sequence[int] = COST_WIDTHS, repeats: int = 15
+    target, context: Sequence[int], widths: Sequence[int] = COST_WIDTHS, repeats: int = 7
 ) -> CostModel:
     """Seconds of a forward of each width (all logits) after ``context``: the
-    fastest of ``repeats`` (the least disturbed by other work), made
-    non-decreasing in the width."""
+    median of ``repeats``, widths interleaved so that load on the machine
+    touches them alike."""
     import mlx.core as mx
 
     rt = target.runtime(slack=max(widths) + 2)
@@ -204,11 +211,7 @@ def measure_costs(
             mx.eval(fwd.logits)
             times[w].append(time.perf_counter() - t)
             rt.trim(w)
-    best, seconds = 0.0, {}
-    for w in sorted(times):  # a wider forward never costs less
-        best = max(best, min(times[w][1:]))
-        seconds[w] = best
-    return CostModel(seconds)
+    return CostModel({w: statistics.median(times[w][1:]) for w in sorted(times)})
 
 
 def save(path: str, streams: Sequence[Stream], cost: CostModel, source: str) -> None:
