@@ -42,9 +42,6 @@ class NoDrafts:
     def observe(self, drafted: int, accepted: int, key: Hashable = None) -> None:
         pass
 
-    def chain_pays(self) -> bool:
-        return True
-
 
 class FixedK:
     """Always draft up to ``k`` tokens."""
@@ -62,18 +59,14 @@ class FixedK:
     def observe(self, drafted: int, accepted: int, key: Hashable = None) -> None:
         pass
 
-    def chain_pays(self) -> bool:
-        """A fixed K keeps the decode pipeline (see ``AdaptiveK.chain_pays``)."""
-        return True
-
 
 @dataclass
 class Timings:
     """What a Target's forwards cost, as adaptive K measures them: decayed
     sums of the seconds of rounds per forward width, and of what breaks of
     the decode pipeline cost beyond pipelined decodes. A Target keeps one
-    per method (``target.timings``), so each generation starts from what
-    the earlier ones measured instead of from the prior."""
+    per method (in ``target.remembered``), so each generation starts from
+    what the earlier ones measured instead of from the prior."""
 
     seconds: dict[int, float] = field(default_factory=dict)
     counts: dict[int, float] = field(default_factory=dict)
@@ -157,7 +150,6 @@ class AdaptiveK:
     draft_tokens: dict = field(default_factory=dict)  # key -> decayed sum of drafted tokens
     geometric_keys: frozenset = frozenset()  # keys whose draft positions share one rate
     longer_margin: float = 0.02  # a longer K must promise this much more to be chosen
-    chain_min_restart: float = 0.25  # pipeline decodes only if a break costs this much (decodes)
 
     def __post_init__(self):
         validate_k(self.k_max)
@@ -325,15 +317,16 @@ class AdaptiveK:
             # drafts made (or tried) while a decode ran, catch-up included: what a probe costs
             self._note_excess(r.propose_seconds / t1)
         if drafted == 0 and (r.chain_end or r.restarted or self._after_restart):
-            if r.restarted and self._after_restart:  # unpipelined decodes: each one is a break
-                self._end_break(t1)
             self._break[0] += r.cost_seconds - r.propose_seconds  # drafting is no break cost
             self._break[1] += 1
             self._after_restart = r.restarted
             self.since_probe += 1
             return
-        self._end_break(t1)
-        self._after_restart = False
+        if self._break[1] and t1:  # the break is over: what it cost beyond pipelined decodes
+            tm = self.timings
+            tm.break_seconds = 0.9 * tm.break_seconds + self._break[0] - self._break[1] * t1
+            tm.breaks = 0.9 * tm.breaks + 1.0
+        self._break, self._after_restart = [0.0, 0], False
         seconds = r.cost_seconds
         # a proposer that first read many committed tokens (a draft model reading
         # the prompt or copied tokens) did one-off work: not a sample of drafting cost
@@ -353,30 +346,6 @@ class AdaptiveK:
             self.since_probe += 1
             return
         self.observe(drafted, accepted, key)
-
-    def _end_break(self, t1: float | None) -> None:
-        """The break in progress is over: what it cost beyond as many pipelined decodes."""
-        if self._break[1] and t1:
-            tm = self.timings
-            tm.break_seconds = 0.9 * tm.break_seconds + self._break[0] - self._break[1] * t1
-            tm.breaks = 0.9 * tm.breaks + 1.0
-        self._break = [0.0, 0]
-
-    def chain_pays(self) -> bool:
-        """Whether the engine should queue the next decode before reading the
-        current one (pipelining). A pipelined decode is computed before the
-        proposer sees the token before it, so drafts made then cost that
-        decode before their verify; that pays only where a break of the
-        pipeline costs something: at least ``chain_min_restart`` decodes as
-        measured (on a GPU, where it idles while Python builds the next
-        graph). Where breaks cost less (MLX's CPU backend, whose queue runs
-        one decode at a time), decodes stop pipelining and drafts go straight
-        to a verify. Breaks stay measured either way (an unpipelined decode
-        is a break of its own), so the choice follows the measurement; until
-        a pipelined decode and a break are timed, decodes pipeline."""
-        if not self.timed or self.time(1) is None or self.timings.breaks == 0:
-            return True
-        return self.restart_cost() >= self.chain_min_restart
 
     def _note_excess(self, x: float) -> None:
         x = max(0.0, x)

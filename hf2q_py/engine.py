@@ -242,7 +242,6 @@ class _Loop:
         delay it by a whole decode."""
         done = self.stats.generated_tokens
         chain = self.early is None and 0 < done < self.max_tokens - 1 and not self.decider.needs_context
-        chain = chain and self.policy.chain_pays()
         if chain and self.proposer.uses_target_cache:
             chain = self._next_k(self._key()) == 0  # it must draft from the cache at the last token
         return chain

@@ -226,56 +226,6 @@ def test_a_good_costly_proposer_still_drafts():
     assert simulate(policy, 1.0, 0.9, 512) > 1.5
 
 
-def test_decodes_pipeline_until_a_break_is_measured():
-    policy = AdaptiveK(8)
-    assert policy.chain_pays()
-    policy.update(Round(cost_seconds=DECODE_S))  # a pipelined decode, no break yet
-    assert policy.chain_pays()
-
-
-def test_decodes_stop_pipelining_where_a_break_costs_nothing():
-    """On a backend that runs one decode at a time (MLX's CPU), a restarted
-    chain costs what as many pipelined decodes do: pipelining buys nothing,
-    and drafts after a decode go straight to a verify."""
-    policy = AdaptiveK(8)
-    cpu_chain_then_verify(policy)
-    assert policy.restart_cost() < 0.1
-    assert not policy.chain_pays()
-
-
-def cpu_chain_then_verify(policy) -> None:
-    """A chain of decodes ended by early drafts, their verify, and a new chain,
-    timed as on MLX's CPU: queueing a decode computes it, so the chain's last
-    decode reads a token computed during the one before, and the restarted
-    decode computes two."""
-    policy.update(Round(cost_seconds=DECODE_S))
-    policy.update(Round(cost_seconds=0.0, chain_end=True))
-    policy.update(Round(drafted=2, accepted=2, cost_seconds=seconds(3)))
-    policy.update(Round(cost_seconds=2.0 * DECODE_S, restarted=True))
-    policy.update(Round(cost_seconds=DECODE_S))
-    policy.update(Round(cost_seconds=DECODE_S))
-
-
-def test_decodes_pipeline_again_once_unpipelined_ones_measure_dear():
-    """Each unpipelined decode is a break of its own, timed against the
-    pipelined decode: where they cost more (a GPU idling while the next graph
-    is built), pipelining resumes."""
-    policy = AdaptiveK(8)
-    cpu_chain_then_verify(policy)
-    assert not policy.chain_pays()
-    for _ in range(12):
-        policy.update(Round(cost_seconds=1.6 * DECODE_S, restarted=True))
-    policy.update(Round(drafted=2, accepted=2, cost_seconds=seconds(3)))
-    assert policy.restart_cost() > policy.chain_min_restart
-    assert policy.chain_pays()
-
-
-def test_untimed_and_fixed_policies_always_pipeline():
-    policy = AdaptiveK(8, timed=False)
-    cpu_chain_then_verify(policy)
-    assert policy.chain_pays() and FixedK(4).chain_pays()
-
-
 def test_timings_shared_between_policies_carry_what_was_measured():
     """A Target hands each generation's adaptive K the same ``Timings``: a
     width one generation measured is known to the next."""

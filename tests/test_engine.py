@@ -6,7 +6,7 @@ from models import ARCHS, random_prompt, tiny_target
 
 import hf2q_py
 from hf2q_py.config import SpecConfig
-from hf2q_py.draft_length import AdaptiveK, FixedK
+from hf2q_py.draft_length import FixedK
 from hf2q_py.engine import generate_tokens
 from hf2q_py.errors import Hf2qError
 from hf2q_py.methods import build_proposer
@@ -51,33 +51,6 @@ def test_adaptive_ngram_equals_baseline(arch, scale):
     want = hf2q_py.generate(target, prompt, max_tokens=80).tokens
     got = hf2q_py.generate(target, prompt, max_tokens=80, method="ngram", k=8).tokens
     assert_same_greedy(target.model, prompt, got, want)
-
-
-class Unpipelined(AdaptiveK):
-    """Adaptive K that has measured pipeline breaks as free."""
-
-    def chain_pays(self) -> bool:
-        return False
-
-
-@pytest.mark.parametrize("arch, scale", REGIMES)
-def test_without_pipelining_decodes_read_their_own_token_and_output_is_unchanged(arch, scale):
-    """Where a pipeline break costs nothing, no decode is queued before the one
-    before it is read, and drafts after a decode go straight to a verify."""
-    target = tiny_target(arch, scale=scale)
-    prompt = loopy_prompt(40)
-    want = hf2q_py.generate(target, prompt, max_tokens=80).tokens
-    proposer, _ = build_proposer(target, SpecConfig(method="ngram"))
-    rounds = []
-    got = []
-    for new in generate_tokens(
-        target, prompt, max_tokens=80, proposer=proposer, policy=Unpipelined(8), on_round=rounds.append
-    ):
-        got += new
-    assert_same_greedy(target.model, prompt, got, want)
-    decodes = [r for r in rounds if not r.drafted]
-    assert decodes and all(r.restarted and not r.chain_end for r in decodes)
-    assert not any(r.predrafted for r in rounds)  # no drafts were made while a decode ran
 
 
 def test_a_target_keeps_what_its_forwards_cost_across_generations():

@@ -5,7 +5,7 @@ from models import random_prompt, tiny_target
 
 import hf2q_py
 from hf2q_py.errors import Hf2qError
-from hf2q_py.tools.replay import CostModel, Stream, markdown, replay
+from hf2q_py.tools.replay import BOUND_LABEL, CostModel, Stream, bound, main, markdown, replay
 
 
 COST = CostModel({1: 0.1, 2: 0.11, 9: 0.18, 33: 0.3})
@@ -61,6 +61,32 @@ def test_a_pipeline_restart_after_a_verify_is_charged():
     (charged,) = replay([stream], "x", opts, CostModel(COST.seconds, restart=0.1))
     assert charged.accepted == free.accepted
     assert charged.seconds > free.seconds + 0.1 - 1e-9
+
+
+def test_the_bound_drafts_only_what_is_accepted_and_beats_the_policy():
+    """The bound knows how many drafts the target accepts: it never drafts a
+    rejected token, decodes plainly where nothing would be accepted, and no
+    policy over the same drafts models faster."""
+    out = [5, 6, 7, 8, 9] * 4 + list(range(100, 120)) + [5, 6, 7, 8, 9, 3]
+    stream = Stream("copy, fresh, copy", "code", [1, 2, 5, 6, 7, 8, 9, 3], out)
+    (b,) = bound([stream], COST)
+    assert b.method == BOUND_LABEL and b.drafted == b.accepted >= 20
+    assert b.accepted + b.rounds == len(out)
+    for opts in ({"method": "ngram"}, {"method": "ngram", "k": 8, "adaptive": False}):
+        (row,) = replay([stream], "x", opts, COST)
+        assert b.seconds <= row.seconds
+
+
+def test_replay_cuts_answers_to_max_tokens(tmp_path, capsys):
+    from hf2q_py.tools.replay import save
+
+    path = str(tmp_path / "s.json")
+    save(path, [Stream("loop", "code", [1, 2, 5, 6, 7, 8, 9, 3], [5, 6, 7, 8, 9] * 8)], COST, "test")
+    assert main(["--streams", path, "--methods", "ngram", "--max-tokens", "12", "--bound"]) == 0
+    table = capsys.readouterr().out
+    assert "| loop | ngram | 12 |" in table and f"| loop | {BOUND_LABEL} | 12 |" in table
+    assert main(["--streams", path, "--max-tokens", "0"]) == 2
+    assert "--max-tokens must be >= 1" in capsys.readouterr().out
 
 
 def test_only_model_free_methods_replay():

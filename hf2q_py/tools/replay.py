@@ -28,7 +28,7 @@ import shlex
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 from collections.abc import Callable, Sequence
 
@@ -170,6 +170,54 @@ def replay(
     return rows
 
 
+#: The label of the bound's rows.
+BOUND_LABEL = "bound: suffix drafts, accepted length known"
+
+
+def bound_stream(stream: Stream, cost: CostModel, memory: DraftMemory, k_max: int = 32) -> tuple:
+    """What the suffix proposer's drafts could give if each round knew how many
+    the target accepts: every round drafts exactly that prefix of its uncut
+    drafts (at most ``k_max``), and decodes plainly where none would be
+    accepted. Returns what ``replay_stream`` does."""
+    from ..proposers.suffix import SuffixOptions, SuffixProposer
+
+    proposer = SuffixProposer(SuffixOptions(min_prob=0.0, factor=float(k_max), offset=k_max), memory)
+    tokens, out = list(stream.prompt), stream.output
+    proposer.start(None, tokens, {}, None)
+    i = rounds = verify_rounds = accepted = 0
+    seconds, verified = 0.0, True
+    while i < len(out):
+        rounds += 1
+        drafts = proposer.propose(tokens, min(k_max, len(out) - i - 1)).tokens
+        n = 0
+        while n < len(drafts) and drafts[n] == out[i + n]:
+            n += 1
+        if n:
+            seconds += cost(n + 1)
+            verify_rounds += 1
+            accepted += n
+        else:
+            seconds += cost(1) + (cost.restart if verified else 0.0)
+        verified = n > 0
+        tokens.extend(out[i : i + n + 1])
+        i += n + 1
+        proposer.update(tokens, n, n, {})
+    proposer.finish(tokens)
+    return rounds, verify_rounds, accepted, accepted, seconds
+
+
+def bound(streams: Sequence[Stream], cost: CostModel) -> list[ReplayRow]:
+    """``bound_stream`` for every stream (sessions share a memory, in order)."""
+    rows = []
+    memories: dict[str, DraftMemory] = {}
+    for s in streams:
+        memory = memories.setdefault(s.session, DraftMemory()) if s.session else DraftMemory()
+        r, v, d, a, sec = bound_stream(s, cost, memory)
+        base = cost(1) * len(s.output) + cost.restart
+        rows.append(ReplayRow(s.name, s.kind, BOUND_LABEL, len(s.output), r, v, d, a, sec, base))
+    return rows
+
+
 def record_streams(target, workloads, max_tokens: int, log: Callable[[str], None] = print) -> list[Stream]:
     """Plain greedy answers to every request of ``workloads`` (sessions in order)."""
     from ..generation import encode_prompt, generate
@@ -284,7 +332,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--measure-costs", action="store_true", help="measure the forward costs again (keep the streams)"
     )
-    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="answer length to record (default 256); when replaying, cut answers to this many tokens",
+    )
     ap.add_argument("--only", default=None, help="replay only streams whose name contains this text")
     ap.add_argument(
         "--restart-cost",
@@ -298,6 +351,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="ngram;ngram:ngram_proposer=lookup,k=16",
         help="';'-separated methods with options, as for hf2q-py bench",
     )
+    ap.add_argument(
+        "--bound",
+        action="store_true",
+        help="also replay the suffix proposer's drafts cut to what the target accepts (an upper bound)",
+    )
     ap.add_argument("--results", default=None, help="also write a results file (JSON) here")
     args = ap.parse_args(argv)
     try:
@@ -306,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .workloads import default_workloads
 
             target = hf2q_py.load(dtype="float32")
-            streams = record_streams(target, default_workloads(), args.max_tokens)
+            streams = record_streams(target, default_workloads(), args.max_tokens or 256)
             cost = measure_costs(target, streams[0].prompt + streams[0].output)
             save(args.streams, streams, cost, target.source)
         elif args.measure_costs:
@@ -327,9 +385,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             + f"; pipeline restart after a verify: {cost.restart / cost(1):.2f}\n"
         )
         streams = [s for s in streams if args.only is None or args.only in s.name]
+        if args.max_tokens is not None:  # a greedy answer's first N tokens are the answer to max_tokens=N
+            if args.max_tokens < 1:
+                raise Hf2qError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+            streams = [replace(s, output=s.output[: args.max_tokens]) for s in streams]
         rows = []
         for m in parse_methods(args.methods):
             rows += replay(streams, m.label, m.options, cost)
+        if args.bound:
+            rows += bound(streams, cost)
         print(markdown(rows))
         if args.results:
             from . import results
