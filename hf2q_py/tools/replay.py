@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 
 from ..errors import Hf2qError
 from ..memory import DraftMemory
+from ..proposers.base import Draft
 from ..stats import Round
 
 #: Forward widths measured for the cost model: every width a verify of up to
@@ -174,45 +175,50 @@ def replay(
 BOUND_LABEL = "bound: suffix drafts, accepted length known"
 
 
-def bound_stream(stream: Stream, cost: CostModel, memory: DraftMemory, k_max: int = 32) -> tuple:
-    """What the suffix proposer's drafts could give if each round knew how many
-    the target accepts: every round drafts exactly that prefix of its uncut
-    drafts (at most ``k_max``), and decodes plainly where none would be
-    accepted. Returns what ``replay_stream`` does."""
-    from ..proposers.suffix import SuffixOptions, SuffixProposer
+class _AcceptedPrefix:
+    """The suffix proposer's uncut drafts, cut to the prefix the recorded
+    answer accepts: what a perfect draft-length policy over them would draft."""
 
-    proposer = SuffixProposer(SuffixOptions(min_prob=0.0, factor=float(k_max), offset=k_max), memory)
-    tokens, out = list(stream.prompt), stream.output
-    proposer.start(None, tokens, {}, None)
-    i = rounds = verify_rounds = accepted = 0
-    seconds, verified = 0.0, True
-    while i < len(out):
-        rounds += 1
-        drafts = proposer.propose(tokens, min(k_max, len(out) - i - 1)).tokens
+    active = True
+
+    def __init__(self, stream: Stream, memory: DraftMemory, k_max: int):
+        from ..proposers.suffix import SuffixOptions, SuffixProposer
+
+        self.inner = SuffixProposer(SuffixOptions(min_prob=0.0, factor=float(k_max), offset=k_max), memory)
+        self.prompt_len, self.answer = len(stream.prompt), stream.output
+
+    def start(self, *args) -> None:
+        self.inner.start(*args)
+
+    def draft_key(self, tokens: Sequence[int]) -> None:
+        return None
+
+    def propose(self, tokens: Sequence[int], k: int) -> Draft:
+        drafts, truth = self.inner.propose(tokens, k).tokens, self.answer[len(tokens) - self.prompt_len :]
         n = 0
-        while n < len(drafts) and drafts[n] == out[i + n]:
+        while n < len(drafts) and drafts[n] == truth[n]:
             n += 1
-        if n:
-            seconds += cost(n + 1)
-            verify_rounds += 1
-            accepted += n
-        else:
-            seconds += cost(1) + (cost.restart if verified else 0.0)
-        verified = n > 0
-        tokens.extend(out[i : i + n + 1])
-        i += n + 1
-        proposer.update(tokens, n, n, {})
-    proposer.finish(tokens)
-    return rounds, verify_rounds, accepted, accepted, seconds
+        return Draft(drafts[:n])
+
+    def update(self, *args) -> None:
+        self.inner.update(*args)
+
+    def finish(self, tokens: Sequence[int]) -> None:
+        self.inner.finish(tokens)
 
 
-def bound(streams: Sequence[Stream], cost: CostModel) -> list[ReplayRow]:
-    """``bound_stream`` for every stream (sessions share a memory, in order)."""
+def bound(streams: Sequence[Stream], cost: CostModel, k_max: int = 32) -> list[ReplayRow]:
+    """Every stream replayed with the suffix proposer's drafts cut to what the
+    target accepts (at most ``k_max``; rounds where it accepts none decode
+    plainly): an upper bound for draft-length policies over those drafts.
+    Sessions share a memory, in order."""
+    from ..draft_length import FixedK
+
     rows = []
     memories: dict[str, DraftMemory] = {}
     for s in streams:
         memory = memories.setdefault(s.session, DraftMemory()) if s.session else DraftMemory()
-        r, v, d, a, sec = bound_stream(s, cost, memory)
+        r, v, d, a, sec = replay_stream(s, _AcceptedPrefix(s, memory, k_max), FixedK(k_max), cost)
         base = cost(1) * len(s.output) + cost.restart
         rows.append(ReplayRow(s.name, s.kind, BOUND_LABEL, len(s.output), r, v, d, a, sec, base))
     return rows
