@@ -17,6 +17,14 @@ def test_the_cost_model_interpolates_and_extrapolates():
     assert COST(41) == pytest.approx(0.3 + 8 * 0.12 / 24)
 
 
+def test_a_cost_growth_scales_each_widths_extra_cost_over_a_decode():
+    assert COST.with_growth(1.0).seconds == COST.seconds
+    assert set(COST.with_growth(0.0).seconds.values()) == {0.1}
+    assert COST.with_growth(0.5)(9) == pytest.approx(0.14)
+    with pytest.raises(Hf2qError, match="cost growth must be >= 0"):
+        COST.with_growth(-1.0)
+
+
 def test_replay_accounts_for_every_token():
     out = [5, 6, 7, 8, 9] * 8
     stream = Stream("loop", "code", [1, 2, 5, 6, 7, 8, 9, 3], out)
@@ -87,6 +95,8 @@ def test_replay_cuts_answers_to_max_tokens(tmp_path, capsys):
     assert "| loop | ngram | 12 |" in table and f"| loop | {BOUND_LABEL} | 12 |" in table
     assert main(["--streams", path, "--max-tokens", "0"]) == 2
     assert "--max-tokens must be >= 1" in capsys.readouterr().out
+    assert main(["--streams", path, "--cost-growth", "nan"]) == 2
+    assert "cost growth must be >= 0, got nan" in capsys.readouterr().out
 
 
 def test_only_model_free_methods_replay():

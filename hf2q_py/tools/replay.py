@@ -74,6 +74,15 @@ class CostModel:
         a, b = ws[-2], ws[-1]  # extrapolate the last slope
         return self.seconds[b] + (self.seconds[b] - self.seconds[a]) / (b - a) * (width - b)
 
+    def with_growth(self, growth: float) -> CostModel:
+        """This model with each width's extra cost over one token scaled by
+        ``growth``: 0 makes every forward cost a decode, 1 changes nothing
+        (a backend whose wider forwards cost less, modelled)."""
+        if not growth >= 0:
+            raise Hf2qError(f"the cost growth must be >= 0, got {growth}")
+        one = self(1)
+        return replace(self, seconds={w: one + growth * (s - one) for w, s in self.seconds.items()})
+
 
 @dataclass
 class ReplayRow:
@@ -353,6 +362,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(default: the streams file's, else 0)",
     )
     ap.add_argument(
+        "--cost-growth",
+        type=float,
+        default=None,
+        help="scale each width's extra cost over a decode by this factor (0: every forward costs a "
+        "decode; models a backend whose wider forwards cost less)",
+    )
+    ap.add_argument(
         "--methods",
         default="ngram;ngram:ngram_proposer=lookup,k=16",
         help="';'-separated methods with options, as for hf2q-py bench",
@@ -385,6 +401,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.restart_cost < 0:
                 raise Hf2qError(f"--restart-cost must be >= 0, got {args.restart_cost}")
             cost.restart = args.restart_cost * cost(1)
+        if args.cost_growth is not None:
+            cost = cost.with_growth(args.cost_growth)
         print(
             "modelled forward cost relative to one token: "
             + ", ".join(f"{w}: {cost(w) / cost(1):.2f}" for w in sorted(cost.seconds))
