@@ -520,20 +520,8 @@ def train(
         opt.update(drafter, grads)
         mx.eval(drafter.parameters(), opt.state, loss)
         smooth = loss.item() if smooth is None else 0.95 * smooth + 0.05 * loss.item()
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            drafter.eval()
-            mal = evaluate()
-            drafter.train()
-            state["history"].append(
-                {
-                    "step": step,
-                    "loss": round(smooth, 4),
-                    "held_out_mal": round(mal, 3),
-                    "seconds": round(time.perf_counter() - t0, 1),
-                }
-            )
         out_of_time = cfg.max_minutes is not None and time.perf_counter() - t0 > cfg.max_minutes * 60
-        if out_of_time and step % cfg.eval_every != 0:
+        if step % cfg.eval_every == 0 or step == cfg.steps or out_of_time:
             drafter.eval()
             mal = evaluate()
             drafter.train()
