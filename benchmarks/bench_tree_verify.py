@@ -39,8 +39,7 @@ import mlx.core as mx  # noqa: E402
 from hf2q_py.config import SpecConfig  # noqa: E402
 from hf2q_py.memory import DraftMemory  # noqa: E402
 from hf2q_py.methods import build_proposer  # noqa: E402
-from hf2q_py.stats import Round  # noqa: E402
-from hf2q_py.tools.replay import CostModel, Stream, _MemoryHolder, load  # noqa: E402
+from hf2q_py.tools.replay import CostModel, Stream, _MemoryHolder, load, replay_stream  # noqa: E402
 from hf2q_py.errors import run_script  # noqa: E402
 
 WIDTHS = (2, 4, 8, 12, 16, 24, 32)
@@ -227,51 +226,30 @@ def second_branch(sam, state: int, main: list[int], budget: int) -> tuple[int, l
 
 
 def replay_tree(stream: Stream, memory: DraftMemory, cost: CostModel, branch: int, tree_ratio) -> dict:
+    """The replay tool's rounds, each verify widened by a second branch of up
+    to ``branch`` tokens (none: the chain alone)."""
     proposer, policy = build_proposer(_MemoryHolder(memory), SpecConfig(method="ngram"))
-    tokens, out = list(stream.prompt), stream.output
-    proposer.start(None, tokens, {}, None)
-    i, seconds, gained = 0, 0.0, 0
-    verified = True  # as in the replay tool: a plain decode after a verify (or first) restarts the pipeline
-    while i < len(out):
-        key = proposer.draft_key(tokens)
-        k = min(policy.next_k(key), len(out) - i - 1)
-        drafts = proposer.propose(tokens, k).tokens[:k] if k > 0 else []
-        if not drafts:
-            t = cost(1) + (cost.restart if verified else 0.0)
-            policy.update(Round(cost_seconds=t, restarted=verified))
-            verified = False
-            tokens.append(out[i])
-            i += 1
-            proposer.update(tokens, 0, 0, {})
-            seconds += t
-            continue
-        n = 0
-        while n < len(drafts) and drafts[n] == out[i + n]:
-            n += 1
-        width = len(drafts) + 1
-        t = cost(width)
-        accepted = n
-        if branch:
-            source, state, _ = proposer._best
-            sam = proposer.sam if source == 0 else memory.sam
-            fork, alt = second_branch(sam, state, drafts, min(branch, len(out) - i - 1))
-            if alt:
-                width += len(alt)
-                t = cost(width) * tree_ratio(width)
-                if fork == n:  # the main branch failed exactly where the second one starts
-                    m = 0
-                    while m < len(alt) and i + n + m < len(out) and alt[m] == out[i + n + m]:
-                        m += 1
-                    accepted = n + m
-                    gained += m
-        accepted = min(accepted, len(out) - i - 1)
-        policy.update(Round(drafted=len(drafts), accepted=n, key=key, cost_seconds=cost(len(drafts) + 1)))
-        verified = True
-        tokens.extend(out[i : i + accepted + 1])
-        i += accepted + 1
-        proposer.update(tokens, len(drafts), accepted, {})
-        seconds += t
-    proposer.finish(tokens)
+    out = stream.output
+    gained = 0
+
+    def judge(drafts: list[int], n: int, i: int) -> tuple[int, float]:
+        nonlocal gained
+        if not branch:
+            return n, cost(len(drafts) + 1)
+        source, state, _ = proposer._best
+        sam = proposer.sam if source == 0 else memory.sam
+        fork, alt = second_branch(sam, state, drafts, min(branch, len(out) - i - 1))
+        if not alt:
+            return n, cost(len(drafts) + 1)
+        width = len(drafts) + 1 + len(alt)
+        m = 0
+        if fork == n:  # the main branch failed exactly where the second one starts
+            while m < len(alt) and i + n + m < len(out) and alt[m] == out[i + n + m]:
+                m += 1
+            gained += m
+        return n + m, cost(width) * tree_ratio(width)
+
+    *_, seconds = replay_stream(stream, proposer, policy, cost, judge)
     return {
         "seconds": seconds,
         "baseline": cost(1) * len(out) + cost.restart,

@@ -119,8 +119,19 @@ class _MemoryHolder:
         self.remembered = {} if remembered is None else remembered
 
 
-def replay_stream(stream: Stream, proposer, policy, cost: CostModel) -> tuple[int, int, int, int, float]:
-    """Run one stream; returns (rounds, verify rounds, drafted, accepted, modelled seconds)."""
+#: What a verify round accepts and costs, given (drafts, their accepted prefix
+#: length, the position in the answer): (tokens accepted, modelled seconds).
+Judge = Callable[[list[int], int, int], tuple[int, float]]
+
+
+def replay_stream(
+    stream: Stream, proposer, policy, cost: CostModel, judge: Judge | None = None
+) -> tuple[int, int, int, int, float]:
+    """Run one stream; returns (rounds, verify rounds, drafted, accepted, modelled seconds).
+
+    ``judge`` replaces what a verify round accepts and costs (a wider verify,
+    such as a tree of branches); the policy still learns the drafts' own
+    outcome and cost."""
     tokens = list(stream.prompt)
     out = stream.output
     proposer.start(None, tokens, {}, None)
@@ -146,6 +157,9 @@ def replay_stream(stream: Stream, proposer, policy, cost: CostModel) -> tuple[in
                 n += 1
             t = cost(len(drafts) + 1)
             policy.update(Round(drafted=len(drafts), accepted=n, key=key, cost_seconds=t))
+            if judge is not None:
+                n, t = judge(drafts, n, i)
+                n = min(n, len(out) - i - 1)
             verified = True
             tokens.extend(out[i : i + n + 1])
             i += n + 1
