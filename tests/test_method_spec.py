@@ -3,6 +3,7 @@ every command accepts (``generate --method``, ``ab --methods``, ``bench --method
 
 import dataclasses
 import json
+import shlex
 import subprocess
 import sys
 
@@ -208,9 +209,11 @@ def specs_seen(monkeypatch):
     return seen
 
 
-def cli(capsys, *argv):
+def cli(capsys, command: str | list[str]):
+    """Run ``hf2q-py COMMAND`` (a command line, split as a shell would, or argv);
+    returns (status, stdout, stderr lines)."""
     try:
-        rc = main(list(argv))
+        rc = main(shlex.split(command) if isinstance(command, str) else command)
     except SystemExit as e:
         rc = e.code
     out = capsys.readouterr()
@@ -220,14 +223,7 @@ def cli(capsys, *argv):
 def test_generate_takes_a_method_spec(capsys, specs_seen):
     rc, out, err = cli(
         capsys,
-        "generate",
-        "--prompt",
-        "abcabc",
-        "--max-tokens",
-        "4",
-        "--json",
-        "--method",
-        "ngram:k=8,fixed,ngram_proposer=lookup",
+        "generate --prompt abcabc --max-tokens 4 --json --method ngram:k=8,fixed,ngram_proposer=lookup",
     )
     assert rc == 0, err
     spec = specs_seen[-1]
@@ -238,35 +234,12 @@ def test_generate_takes_a_method_spec(capsys, specs_seen):
 def test_generate_flags_fill_in_what_the_spec_leaves_out(capsys, specs_seen):
     rc, _, err = cli(
         capsys,
-        "generate",
-        "--prompt",
-        "abc",
-        "--max-tokens",
-        "2",
-        "--method",
-        "ngram:k=8",
-        "--k",
-        "3",
-        "--fixed-k",
-        "--ngram-max",
-        "7",
-        "--no-memory",
+        "generate --prompt abc --max-tokens 2 --method ngram:k=8 --k 3 --fixed-k --ngram-max 7 --no-memory",
     )
     assert rc == 0, err
     spec = specs_seen[-1]
     assert (spec.k, spec.adaptive, spec.ngram_max, spec.memory) == (8, False, 7, False)  # the spec wins
-    rc, _, err = cli(
-        capsys,
-        "generate",
-        "--prompt",
-        "abc",
-        "--max-tokens",
-        "2",
-        "--method",
-        "layerskip",
-        "--skip-layers",
-        "1",
-    )
+    rc, _, err = cli(capsys, "generate --prompt abc --max-tokens 2 --method layerskip --skip-layers 1")
     assert rc == 0, err
     assert specs_seen[-1].skip_layers == "1"
 
@@ -274,14 +247,7 @@ def test_generate_flags_fill_in_what_the_spec_leaves_out(capsys, specs_seen):
 def test_ab_and_bench_take_the_same_strings(capsys, specs_seen):
     rc, out, err = cli(
         capsys,
-        "ab",
-        "--prompt",
-        "abcabc",
-        "--max-tokens",
-        "3",
-        "--json",
-        "--methods",
-        "ngram:k=2,fixed;layerskip:skip_layers=[1]",
+        "ab --prompt abcabc --max-tokens 3 --json --methods 'ngram:k=2,fixed;layerskip:skip_layers=[1]'",
     )
     assert rc == 0, err
     assert [(s.method, s.k, s.adaptive) for s in specs_seen] == [("ngram", 2, False), ("layerskip", 4, True)]
@@ -293,13 +259,7 @@ def test_ab_and_bench_take_the_same_strings(capsys, specs_seen):
     specs_seen.clear()
     rc, out, err = cli(
         capsys,
-        "bench",
-        "--only",
-        "explain",
-        "--max-tokens",
-        "2",
-        "--methods",
-        "ngram:k=2,fixed;ngram:ngram_proposer=lookup,adaptive=no",
+        "bench --only explain --max-tokens 2 --methods 'ngram:k=2,fixed;ngram:ngram_proposer=lookup,adaptive=no'",
     )
     assert rc == 0, err
     methods = [(s.method, s.k, s.adaptive, s.ngram_proposer) for s in specs_seen if s.method != "baseline"]
@@ -332,7 +292,7 @@ def test_every_command_refuses_a_bad_spec_in_one_line(capsys, monkeypatch, argv,
     monkeypatch.setattr(
         hf2q_py, "load", lambda *a, **k: pytest.fail("loaded a model before checking options")
     )
-    rc, _, err = cli(capsys, *argv)
+    rc, _, err = cli(capsys, argv)
     assert rc == 2 and len(err) == 1, err
     for w in words:
         assert w in err[0], err[0]
