@@ -13,6 +13,7 @@ exact for any ``n`` up to the last update's length plus ``slack``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 from collections.abc import Sequence
 
@@ -178,3 +179,63 @@ def cache_state(caches: Sequence[Any]) -> list[Any]:
         elif not c.empty():
             out.append(c.state)
     return out
+
+
+# -- saved states (the prompt cache) ---------------------------------------------
+@dataclass(frozen=True)
+class LayerState:
+    """One layer cache's contents, saved so that later sequences can start
+    from them. ``arrays``: attention keys and values (positions ``start`` to
+    ``offset``) or a recurrent layer's state arrays. They are new MLX array
+    objects, so the saved contents never change when the cache they came
+    from is written again. ``nbytes``: the memory they keep alive."""
+
+    kind: str  # "kv" (full attention), "window" (sliding window) or "recurrent"
+    arrays: tuple[Any, ...]
+    offset: int
+    nbytes: int
+    start: int = 0
+    window: int = 0
+
+    def reaches(self, n: int) -> bool:
+        """Whether a cache holding exactly the first ``n`` positions can be
+        rebuilt from this state: any ``n`` for full attention; for a sliding
+        window, while the window of position ``n`` is still held; for a
+        recurrent state (which cannot be rolled back) only ``n == offset``."""
+        if not 0 < n <= self.offset:
+            return False
+        if self.kind == "window":
+            return max(0, n - self.window + 1) >= self.start
+        return self.kind == "kv" or n == self.offset
+
+
+def save_layer(cache: Any, offset: int) -> LayerState:
+    """The contents of one layer cache (of :func:`make_cache`) holding
+    ``offset`` positions, without copying."""
+    if isinstance(cache, ArraysCache):
+        arrays = tuple(cache.cache)
+        return LayerState("recurrent", arrays, offset, sum(a.nbytes for a in arrays if a is not None))
+    if cache.keys is None:
+        raise ValueError("cannot save an empty layer cache")
+    nbytes = cache.keys.nbytes + cache.values.nbytes
+    if isinstance(cache, SlidingWindowCache):
+        held = cache.offset - cache.start
+        kv = (cache.keys[..., :held, :], cache.values[..., :held, :])
+        return LayerState("window", kv, cache.offset, nbytes, cache.start, cache.window)
+    kv = (cache.keys[..., : cache.offset, :], cache.values[..., : cache.offset, :])
+    return LayerState("kv", kv, cache.offset, nbytes)
+
+
+def restore_layer(cache: Any, state: LayerState, n: int) -> None:
+    """Make an empty layer cache of the same kind hold the first ``n``
+    positions of ``state`` (``state.reaches(n)``). The cache gets new array
+    objects: its next update copies them instead of writing into ``state``."""
+    if state.kind == "recurrent":
+        cache.cache = list(state.arrays)
+        return
+    keys, values = state.arrays
+    held = n - state.start
+    cache.keys, cache.values = keys[..., :held, :], values[..., :held, :]
+    cache.offset = n
+    if state.kind == "window":
+        cache.start = state.start

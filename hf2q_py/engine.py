@@ -66,13 +66,15 @@ def generate_tokens(
     eos = set(eos_token_ids)
     stats.prompt_tokens = len(prompt)
 
-    rt = target.runtime(slack=max(64, policy.k_max + 2), rollback=policy.k_max + 2)
     t0 = time.perf_counter()
+    rt = _resume(target, prompt, policy.k_max, reuse=not proposer.capture_layers)
+    stats.cached_tokens = rt.offset
     hidden = _prefill(rt, prompt, proposer.capture_layers)
     stats.prefill_seconds = time.perf_counter() - t0
     t_start = time.perf_counter()
     loop = _Loop(rt, proposer, policy, decider, prompt, max_tokens, stats)
     proposer.start(rt, prompt, hidden, decider)
+    finished = False
     try:
         while True:
             step = loop.speculate() if loop.queued is None else None
@@ -84,8 +86,13 @@ def generate_tokens(
             if on_round is not None:
                 on_round(r)
             if new:
-                yield new
+                try:
+                    yield new
+                except GeneratorExit:  # closed between rounds: the caches are whole
+                    finished = True
+                    raise
             if done:
+                finished = True
                 return
             loop.after(r, hidden)
             if stats.rounds % CLEAR_CACHE_EVERY == 0:
@@ -97,15 +104,34 @@ def generate_tokens(
         if extra > 0:
             rt.trim(extra)
         proposer.finish(loop.tokens)
+        if finished and target.prompt_cache is not None:
+            target.prompt_cache.add(rt.snapshot(loop.tokens[:-1]))
+
+
+def _resume(target: Target, prompt: list[int], k_max: int, reuse: bool) -> Runtime:
+    """A sequence for ``prompt``: fresh, or (``reuse``) holding the longest
+    prefix of ``prompt[:-1]`` that the Target's prompt cache rebuilds exactly."""
+    rt = target.runtime(slack=max(64, k_max + 2), rollback=k_max + 2)
+    cache = target.prompt_cache
+    if cache is not None and reuse:
+        snap, n = cache.lookup(prompt, limit=len(prompt) - 1)
+        if snap is not None:
+            rt.restore(snap, n)
+    return rt
 
 
 def _prefill(rt: Runtime, prompt: list[int], capture: Sequence[int]) -> dict[int, mx.array]:
-    """Prefill all but the last prompt token (fed by the first round); returns
-    the captured hidden states."""
-    if len(prompt) < 2:
+    """Prefill all but the last prompt token (fed by the first round) after
+    what the cache already holds; returns the captured hidden states. With a
+    prompt cache, a state that later rounds cannot be cut back to (sliding
+    windows, recurrent layers) is kept at the prompt's end."""
+    if len(prompt) - 1 <= rt.offset:
         return {}
-    fwd = rt.prefill(prompt[:-1], logits="none", capture_layers=capture)
+    fwd = rt.prefill(prompt[rt.offset : -1], logits="none", capture_layers=capture)
     mx.eval(rt.state(), list(fwd.hidden.values()))
+    cache = rt.target.prompt_cache
+    if cache is not None and not rt.trimmable:
+        cache.add(rt.snapshot(prompt[:-1]))
     return fwd.hidden
 
 

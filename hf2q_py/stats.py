@@ -49,6 +49,7 @@ class GenerationStats:
 
     method: str = "baseline"
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose states came from the Target's prompt cache
     generated_tokens: int = 0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0

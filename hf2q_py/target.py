@@ -16,10 +16,11 @@ from collections.abc import Hashable, Sequence
 
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache
+from mlx_lm.models.cache import ArraysCache, KVCache
 
 from .memory import DraftMemory
-from .cache import DEFAULT_SLACK, cache_state, make_cache, trim_cache
+from .cache import DEFAULT_SLACK, cache_state, make_cache, restore_layer, save_layer, trim_cache
+from .prompt_cache import PromptCache, Snapshot
 from .recurrent import RecurrentLog
 from .taps import embedding, find_decoder, language_model, tapped
 
@@ -62,6 +63,9 @@ class Target:
         #: Earlier generations, drafted from by the n-gram method's suffix
         #: proposer (``memory=False`` turns it off; ``memory.clear()`` empties it).
         self.memory = DraftMemory()
+        #: Model states by token prefix, so a prompt that extends an earlier
+        #: one prefills only its new tokens (None: off; the server turns it on).
+        self.prompt_cache: PromptCache | None = None
 
     @classmethod
     def from_mlx_lm(cls, model: Any, tokenizer: Any = None) -> Target:
@@ -248,3 +252,27 @@ class Runtime:
 
     def state(self) -> list[Any]:
         return cache_state(self.cache)
+
+    @property
+    def trimmable(self) -> bool:
+        """Whether every layer is full attention, whose state can be cut back
+        to any shorter prefix (sliding windows and recurrent layers cannot)."""
+        return all(type(c) is KVCache for c in self.cache)
+
+    def snapshot(self, tokens: Sequence[int]) -> Snapshot:
+        """The caches' contents now, which hold exactly ``tokens`` (evaluated, not copied)."""
+        if len(tokens) != self.offset:
+            raise ValueError(f"the cache holds {self.offset} positions, not {len(tokens)}")
+        layers = tuple(save_layer(c, self.offset) for c in self.cache)
+        mx.eval([a for layer in layers for a in layer.arrays if a is not None])
+        return Snapshot(tuple(tokens), layers)
+
+    def restore(self, snap: Snapshot, n: int) -> None:
+        """Start this fresh sequence from the first ``n`` tokens of ``snap``."""
+        if self.offset != 0:
+            raise ValueError("restore needs a fresh runtime")
+        if len(snap.layers) != len(self.cache) or not snap.reaches(n):
+            raise ValueError(f"this snapshot cannot rebuild the state after {n} tokens")
+        for c, layer in zip(self.cache, snap.layers):
+            restore_layer(c, layer, n)
+        self.offset = n

@@ -1,0 +1,131 @@
+"""Model states kept across generations, keyed by the tokens they hold (the
+prompt cache): a request whose prompt extends an earlier conversation starts
+from the state after the longest prefix held and prefills only the rest.
+
+A :class:`Snapshot` is every layer cache's contents after some tokens
+(``hf2q_py.cache.LayerState``). Reuse is exact: a snapshot gives the state
+after its first ``n`` tokens only where that state is held exactly, which is
+any ``n`` for full attention, ``n`` inside the kept history for sliding
+windows and exactly all its tokens for recurrent layers (see
+``LayerState.reaches``). Bounded by entries and bytes, least recently used
+out.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from collections.abc import Sequence
+
+import numpy as np
+
+from .cache import LayerState
+from .errors import Hf2qError
+
+DEFAULT_MAX_ENTRIES = 8
+DEFAULT_MAX_BYTES = 2 << 30
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The caches of a sequence after ``tokens``, one ``LayerState`` per layer."""
+
+    tokens: tuple[int, ...]
+    layers: tuple[LayerState, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(layer.nbytes for layer in self.layers)
+
+    @property
+    def trimmable(self) -> bool:
+        """Whether every shorter prefix can be rebuilt (full attention only)."""
+        return all(layer.kind == "kv" for layer in self.layers)
+
+    def reaches(self, n: int) -> bool:
+        """Whether the state after the first ``n`` tokens can be rebuilt exactly."""
+        return 0 < n <= len(self.tokens) and all(layer.reaches(n) for layer in self.layers)
+
+
+@dataclass
+class PromptCacheStats:
+    """What the prompt cache did: lookups, hits (a lookup that reused at
+    least one token), tokens reused, snapshots kept and evicted."""
+
+    lookups: int = 0
+    hits: int = 0
+    reused_tokens: int = 0
+    stored: int = 0
+    evicted: int = 0
+
+
+class PromptCache:
+    """Snapshots by token prefix, at most ``max_entries`` of them and
+    ``max_bytes`` in all; the least recently used leaves first."""
+
+    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, max_bytes: int = DEFAULT_MAX_BYTES):
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+            raise Hf2qError(f"prompt cache entries must be an integer >= 1, got {max_entries!r}")
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise Hf2qError(f"prompt cache bytes must be an integer >= 1, got {max_bytes!r}")
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self.stats = PromptCacheStats()
+        self._entries: OrderedDict[tuple[int, ...], tuple[Snapshot, np.ndarray]] = OrderedDict()
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        """Drop every snapshot (the statistics stay)."""
+        self._entries.clear()
+        self.nbytes = 0
+
+    def lookup(self, tokens: Sequence[int], limit: int) -> tuple[Snapshot | None, int]:
+        """The snapshot that rebuilds the longest prefix of ``tokens`` (at most
+        ``limit`` tokens long) and that prefix's length; (None, 0) if none does."""
+        self.stats.lookups += 1
+        ids = np.asarray(tokens[:limit], dtype=np.int64)
+        best: tuple[Snapshot | None, int] = (None, 0)
+        for snap, arr in reversed(self._entries.values()):  # most recent first wins ties
+            # a shorter prefix never helps: sliding windows need a long enough one,
+            # recurrent layers exactly theirs, full attention reaches any
+            n = _common_prefix(arr, ids)
+            if n > best[1] and snap.reaches(n):
+                best = (snap, n)
+        if best[0] is not None:
+            self._entries.move_to_end(best[0].tokens)
+            self.stats.hits += 1
+            self.stats.reused_tokens += best[1]
+        return best
+
+    def add(self, snap: Snapshot) -> None:
+        """Keep ``snap``; drop the entries it makes redundant (the same tokens,
+        or a prefix of them it can rebuild), then the least recently used
+        while over the bounds. A snapshot larger than ``max_bytes`` is not kept."""
+        if not snap.tokens or snap.nbytes > self.max_bytes:
+            return
+        for key in [k for k in self._entries if _covers(snap, k)]:
+            self._drop(key)
+        self._entries[snap.tokens] = (snap, np.asarray(snap.tokens, dtype=np.int64))
+        self.nbytes += snap.nbytes
+        self.stats.stored += 1
+        while len(self._entries) > self.max_entries or self.nbytes > self.max_bytes:
+            self._drop(next(iter(self._entries)))
+            self.stats.evicted += 1
+
+    def _drop(self, key: tuple[int, ...]) -> None:
+        snap, _ = self._entries.pop(key)
+        self.nbytes -= snap.nbytes
+
+
+def _covers(snap: Snapshot, key: tuple[int, ...]) -> bool:
+    """Whether ``snap`` holds ``key`` as a prefix and can rebuild its state."""
+    n = len(key)
+    return n <= len(snap.tokens) and snap.tokens[:n] == key and snap.reaches(n)
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
