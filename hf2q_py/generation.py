@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from .config import GenerationConfig, SpecConfig
 from .sampling import SamplingConfig, make_decider
 from .engine import generate_tokens
-from .errors import Hf2qError
+from .errors import Hf2qError, one_line
 from .methods import build_proposer
 from .stats import GenerationStats, Round
 from .validate import check_unicode
@@ -43,36 +43,57 @@ class GenerationResult:
 
 def encode_prompt(target: Target, prompt: str | Sequence[int], chat_template: bool = True) -> list[int]:
     """Token ids for a prompt: strings go through the chat template when the
-    model has one (unless ``chat_template`` is False); id lists pass through."""
-    vocab = target.vocab_size
+    model has one (unless ``chat_template`` is False), as one user message;
+    id lists pass through."""
     if isinstance(prompt, str):
         check_unicode(prompt)
         if not prompt.strip():
             raise Hf2qError("the prompt is empty")
-        tok = target.tokenizer
-        if tok is None:
-            raise Hf2qError("this model has no tokenizer: pass the prompt as a list of token ids")
+        tok = _tokenizer(target)
         if chat_template and getattr(tok, "has_chat_template", False):
-            ids = list(
-                tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-            )
-        else:
-            ids = list(tok.encode(prompt))
-        if not ids:
-            raise Hf2qError("the prompt encodes to no tokens")
-        if vocab is not None and max(ids) >= vocab:
-            raise Hf2qError(
-                f"the tokenizer gives token id {max(ids)}, outside the model's vocabulary ({vocab})"
-            )
-        return ids
+            return encode_messages(target, [{"role": "user", "content": prompt}])
+        return _checked(target, list(tok.encode(prompt)))
     if not isinstance(prompt, Sequence) or isinstance(prompt, bytes):
         raise Hf2qError(f"the prompt must be a string or a list of token ids, got {type(prompt).__name__}")
     ids = list(prompt)
     if not ids:
         raise Hf2qError("the prompt is empty")
+    vocab = target.vocab_size
     for t in ids:
         if isinstance(t, bool) or not isinstance(t, int) or t < 0 or (vocab is not None and t >= vocab):
             raise Hf2qError(f"prompt token {t!r} is not a token id of this model (vocabulary {vocab})")
+    return ids
+
+
+def encode_messages(target: Target, messages: Sequence[dict[str, str]]) -> list[int]:
+    """Token ids for a conversation (``{"role": ..., "content": ...}`` dicts,
+    roles system, user and assistant) through the model's chat template,
+    ending with the prompt for the assistant's next turn."""
+    tok = _tokenizer(target)
+    if not getattr(tok, "has_chat_template", False):
+        raise Hf2qError("this model has no chat template: send the prompt as raw text (a text completion)")
+    for m in messages:
+        check_unicode(m["content"], f"a {m['role']} message")
+    try:
+        ids = tok.apply_chat_template(list(messages), add_generation_prompt=True)
+    except Exception as e:  # the template's own checks (role order, unknown roles) raise
+        raise Hf2qError(f"the chat template refused these messages: {one_line(e)}") from None
+    return _checked(target, list(ids))
+
+
+def _tokenizer(target: Target) -> Any:
+    if target.tokenizer is None:
+        raise Hf2qError("this model has no tokenizer: pass the prompt as a list of token ids")
+    return target.tokenizer
+
+
+def _checked(target: Target, ids: list[int]) -> list[int]:
+    """Token ids from the tokenizer, refused if empty or outside the vocabulary."""
+    vocab = target.vocab_size
+    if not ids:
+        raise Hf2qError("the prompt encodes to no tokens")
+    if vocab is not None and max(ids) >= vocab:
+        raise Hf2qError(f"the tokenizer gives token id {max(ids)}, outside the model's vocabulary ({vocab})")
     return ids
 
 
@@ -124,6 +145,7 @@ def stream_generate(
     *,
     on_round: Callable[[Round], None] | None = None,
     config: GenerationConfig | None = None,
+    stats: GenerationStats | None = None,
     **options: Any,
 ) -> Iterator[GenerationChunk]:
     """Generate and yield text as it is decoded.
@@ -133,7 +155,8 @@ def stream_generate(
     ``k``, ``adaptive``, ``ngram_min``, ``ngram_max``, ``ngram_proposer``, ``memory``,
     ...). Greedy decoding.
     ``on_round`` receives a ``Round`` per round (profiling); each chunk
-    carries the live ``GenerationStats``, complete once the stream ends.
+    carries the live ``GenerationStats`` (``stats``, if given, is filled),
+    complete once the stream ends.
     """
     if config is not None and options:
         raise Hf2qError("pass either config= or keyword options, not both")
@@ -144,7 +167,9 @@ def stream_generate(
     else:
         config.validate()
     ids = encode_prompt(target, prompt, config.chat_template)
-    return _stream(target, ids, config, GenerationStats(method=config.spec.method), on_round)
+    if stats is None:
+        stats = GenerationStats(method=config.spec.method)
+    return _stream(target, ids, config, stats, on_round)
 
 
 def _stream(

@@ -333,7 +333,92 @@ def build_parser() -> argparse.ArgumentParser:
         "--gen-batch", type=_positive_int, default=8, help="answers decoded at a time for the training data"
     )
     t.add_argument("--no-openblas", action="store_true", help=argparse.SUPPRESS)
+    add_serve_parser(sub)
     return parser
+
+
+def _byte_size(text: str) -> int:
+    """A size in bytes: 1000000, 512MiB, 2GiB, 64KiB (also KB, MB, GB)."""
+    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
+    t = text.strip().lower()
+    unit = next((u for u in units if t.endswith(u)), "")
+    try:
+        value = float(t[: len(t) - len(unit)] if unit else t) * units.get(unit, 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size like 512MiB or 2GiB, got {text!r}") from None
+    if not value >= 1 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r}")
+    return int(value)
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is in [0, 65535] (0: any free port), got {value}")
+    return value
+
+
+def add_serve_parser(sub) -> None:
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat and text completions)")
+    add_model_args(s)
+    s.add_argument(
+        "--method", default="ngram", help=f"the default method: {METHOD_SPEC_HELP} (default: ngram)"
+    )
+    add_method_flags(s)
+    s.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)"
+    )
+    s.add_argument("--port", type=_port, default=8080, help="port (default 8080; 0: any free port)")
+    s.add_argument(
+        "--api-key", default=None, help="require Authorization: Bearer KEY on every endpoint but /health"
+    )
+    s.add_argument("--api-key-file", default=None, help="as --api-key, the key read from this file")
+    s.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model's name in the API (default: the file or folder name)",
+    )
+    s.add_argument(
+        "--max-tokens",
+        type=_positive_int,
+        default=512,
+        help="max_tokens when a request gives none (default 512)",
+    )
+    s.add_argument(
+        "--max-context",
+        type=_positive_int,
+        default=None,
+        help="prompt plus answer tokens at most (default: the model's context)",
+    )
+    s.add_argument(
+        "--max-body-bytes", type=_byte_size, default=8 << 20, help="largest request body (default 8MiB)"
+    )
+    s.add_argument(
+        "--max-queue",
+        type=_positive_int,
+        default=16,
+        help="requests that may wait for the model; more get 503 (default 16)",
+    )
+    s.add_argument(
+        "--temp", type=float, default=0.0, help="temperature when a request gives none (default 0: greedy)"
+    )
+    s.add_argument(
+        "--prompt-cache-entries",
+        type=_positive_int,
+        default=8,
+        help="model states kept for prompt reuse (default 8)",
+    )
+    s.add_argument(
+        "--prompt-cache-bytes",
+        type=_byte_size,
+        default=2 << 30,
+        help="memory those states may hold (default 2GiB)",
+    )
+    s.add_argument("--no-prompt-cache", action="store_true", help="prefill every prompt whole")
+    s.add_argument("--access-log", action="store_true", help="log one line per HTTP request")
 
 
 def cmd_train_dflash(args: argparse.Namespace) -> int:
@@ -635,7 +720,56 @@ def cmd_ab(args: argparse.Namespace) -> int:
     return 1 if mismatches else 0
 
 
-COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "ab": cmd_ab, "train-dflash": cmd_train_dflash}
+def cmd_serve(args: argparse.Namespace) -> int:
+    import hf2q_py
+    from hf2q_py.generation import make_config
+    from hf2q_py.loaders import check_source
+    from hf2q_py.loaders.convert import parse_dtype
+    from hf2q_py.prompt_cache import PromptCache
+    from hf2q_py.server import ServerConfig, serve
+    from hf2q_py.validate import check_float
+
+    spec = parse_command_methods(args.method, args)[0]  # every option is checked before the model loads
+    make_config(max_tokens=args.max_tokens, temperature=args.temp, **spec.options)
+    check_float("temp", args.temp, 0.0, 2.0)
+    if args.api_key is not None and args.api_key_file is not None:
+        raise Hf2qError("give --api-key or --api-key-file, not both")
+    key = args.api_key if args.api_key_file is None else read_text(args.api_key_file, "API key file").strip()
+    if key is not None and (not key or not key.isprintable() or not key.isascii()):
+        raise Hf2qError("the API key must be printable ASCII text, not empty")
+    parse_dtype(args.dtype)
+    check_source(args.model)
+    check_sources([spec])
+    target = hf2q_py.load(args.model, dtype=args.dtype)
+    load_drafts([spec], args.dtype)
+    if not args.no_prompt_cache:
+        target.prompt_cache = PromptCache(args.prompt_cache_entries, args.prompt_cache_bytes)
+    name = args.served_model_name or Path(str(target.source)).name.removesuffix(".gguf")
+    config = ServerConfig(
+        model_name=name,
+        method=spec.label,
+        method_options=spec.options,
+        api_key=key,
+        max_tokens=args.max_tokens,
+        max_context=args.max_context,
+        max_body_bytes=args.max_body_bytes,
+        max_queue=args.max_queue,
+        temperature=args.temp,
+    )
+
+    def announce(url: str) -> None:
+        print(f"hf2q-py serve: {name} ({spec.label}) at {url}/v1", flush=True)
+
+    return serve(target, config, args.host, args.port, access_log=args.access_log, announce=announce)
+
+
+COMMANDS = {
+    "generate": cmd_generate,
+    "bench": cmd_bench,
+    "ab": cmd_ab,
+    "train-dflash": cmd_train_dflash,
+    "serve": cmd_serve,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

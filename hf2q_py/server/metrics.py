@@ -1,0 +1,94 @@
+"""The server's Prometheus metrics (``GET /metrics``), in a registry of its own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ..prompt_cache import PromptCache
+from ..stats import GenerationStats
+
+#: Paths counted by name; any other path is counted as "other".
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+_LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_PER_TOKEN = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
+
+
+class _PromptCacheCollector(Collector):
+    """Reads the Target's prompt cache at each scrape."""
+
+    def __init__(self, cache: Callable[[], PromptCache | None]):
+        self.cache = cache
+
+    def collect(self) -> Iterator[Metric]:
+        cache = self.cache()
+        if cache is None:
+            return
+        s = cache.stats
+        for name, doc, value in (
+            ("lookups", "prompt cache lookups (one per request)", s.lookups),
+            ("hits", "lookups that reused at least one prompt token", s.hits),
+            ("reused_tokens", "prompt tokens whose states came from the cache", s.reused_tokens),
+            ("evictions", "snapshots evicted (least recently used)", s.evicted),
+        ):
+            yield CounterMetricFamily(f"hf2q_prompt_cache_{name}", doc, value=value)
+        yield GaugeMetricFamily("hf2q_prompt_cache_entries", "snapshots held", value=len(cache))
+        yield GaugeMetricFamily("hf2q_prompt_cache_bytes", "memory the snapshots hold", value=cache.nbytes)
+
+
+class Metrics:
+    """Counters and histograms of one server."""
+
+    def __init__(self, prompt_cache: Callable[[], PromptCache | None], queue_depth: Callable[[], int]):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "hf2q_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r
+        )
+        self.prompt_tokens = Counter("hf2q_prompt_tokens", "prompt tokens of finished requests", registry=r)
+        self.generation_tokens = Counter("hf2q_generation_tokens", "tokens generated", registry=r)
+        self.ttft = Histogram(
+            "hf2q_time_to_first_token_seconds",
+            "from the request's arrival to its first generated text",
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.per_token = Histogram(
+            "hf2q_time_per_output_token_seconds",
+            "decode time per generated token after the first",
+            buckets=_PER_TOKEN,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "hf2q_request_seconds", "from arrival to the last token", buckets=_LATENCY, registry=r
+        )
+        self.drafted = Counter("hf2q_spec_drafted_tokens", "draft tokens verified", ["method"], registry=r)
+        self.accepted = Counter("hf2q_spec_accepted_tokens", "draft tokens accepted", ["method"], registry=r)
+        self.verify_rounds = Counter(
+            "hf2q_spec_verify_rounds", "batched verify forwards", ["method"], registry=r
+        )
+        self.queue = Gauge("hf2q_queue_depth", "requests waiting for the model", registry=r)
+        self.queue.set_function(queue_depth)
+        r.register(_PromptCacheCollector(prompt_cache))
+
+    def request(self, path: str, status: int) -> None:
+        self.requests.labels(path if path in ENDPOINTS else "other", str(status)).inc()
+
+    def finished(self, stats: GenerationStats, ttft: float | None, seconds: float) -> None:
+        """One generation's tokens, latencies and speculation counts."""
+        self.prompt_tokens.inc(stats.prompt_tokens)
+        self.generation_tokens.inc(stats.generated_tokens)
+        if ttft is not None:
+            self.ttft.observe(ttft)
+        if stats.generated_tokens > 1:
+            self.per_token.observe(stats.decode_seconds / stats.generated_tokens)
+        self.e2e.observe(seconds)
+        method = stats.method
+        self.drafted.labels(method).inc(stats.drafted)
+        self.accepted.labels(method).inc(stats.accepted)
+        self.verify_rounds.labels(method).inc(stats.verify_rounds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

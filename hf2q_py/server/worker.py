@@ -1,0 +1,171 @@
+"""The worker: the one owner of the model, running generations one at a time.
+
+The HTTP side submits a :class:`Job` (token ids and a ``GenerationConfig``)
+and reads its events (:class:`Piece` per round, then :class:`Finished` or
+:class:`Failed`) from an asyncio queue; the worker runs on the thread that
+calls :meth:`Worker.run`, the process's main thread (MLX's compute stays on
+one thread). A job cancelled while it runs stops within one round; one
+cancelled while it waits never starts. ``submit`` refuses a job at once when
+``max_queue`` jobs already wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from ..config import GenerationConfig
+from ..errors import Hf2qError, one_line
+from ..generation import stream_generate
+from ..stats import GenerationStats
+from ..target import Target
+
+log = logging.getLogger("hf2q_py.server")
+
+
+@dataclass
+class Piece:
+    """Text decoded in one round and how many tokens it came from."""
+
+    text: str
+    tokens: int
+
+
+@dataclass
+class Finished:
+    stats: GenerationStats
+    cancelled: bool = False
+
+
+@dataclass
+class Failed:
+    """The generation could not run: an HTTP status and a message for the client."""
+
+    status: int
+    message: str
+    code: str | None = None
+
+
+Event = Piece | Finished | Failed
+
+
+class Busy(Exception):
+    """The queue is full, or the worker is stopping."""
+
+
+@dataclass
+class Job:
+    """One generation; its events go to the event loop that submitted it."""
+
+    ids: list[int]
+    config: GenerationConfig
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.perf_counter)
+
+    def cancel(self) -> None:
+        """Stop the generation (within one round) or, if it waits, never start it."""
+        self.cancelled.set()
+
+    def emit(self, event: Event) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the event loop is gone (shutdown): nobody is listening
+            self.cancel()
+
+    async def stream(self) -> AsyncIterator[Event]:
+        """The job's events until its last one."""
+        while True:
+            event = await self.events.get()
+            yield event
+            if not isinstance(event, Piece):
+                return
+
+
+class Worker:
+    """Runs jobs one at a time on ``target``, at most ``max_queue`` waiting."""
+
+    def __init__(self, target: Target, max_queue: int = 16):
+        self.target = target
+        self.max_queue = max_queue
+        self._jobs: queue.Queue[Job] = queue.Queue()
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self.running: Job | None = None
+        self._stopping = threading.Event()
+
+    @property
+    def waiting(self) -> int:
+        """Jobs submitted and not yet started."""
+        return self._waiting
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            if self._stopping.is_set():
+                raise Busy("the server is shutting down")
+            if self._waiting >= self.max_queue:
+                raise Busy(f"the server is busy: {self._waiting} requests are waiting (--max-queue)")
+            self._waiting += 1
+        self._jobs.put(job)
+
+    def run(self) -> None:
+        """Serve jobs until :meth:`stop`; call from the thread that owns the model."""
+        while not self._stopping.is_set():
+            try:
+                job = self._jobs.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            with self._lock:
+                self._waiting -= 1
+            if job.cancelled.is_set():
+                continue
+            self.running = job
+            try:
+                self._serve(job)
+            finally:
+                self.running = None
+        self._fail_waiting()
+
+    def stop(self) -> None:
+        """Stop: the running job is cancelled, waiting ones fail with 503."""
+        self._stopping.set()
+        running = self.running
+        if running is not None:
+            running.cancel()
+
+    def _fail_waiting(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            job.emit(Failed(503, "the server is shutting down", "server_shutting_down"))
+
+    def _serve(self, job: Job) -> None:
+        """Run one job, emitting its events; never raises."""
+        stats = GenerationStats(method=job.config.spec.method)
+        try:
+            stream = stream_generate(self.target, job.ids, config=job.config, stats=stats)
+            try:
+                for chunk in stream:
+                    job.emit(Piece(chunk.text, len(chunk.tokens)))
+                    if job.cancelled.is_set():
+                        break
+            finally:
+                stream.close()
+        except Hf2qError as e:
+            job.emit(Failed(400, one_line(e, limit=1000), "invalid_request"))
+            return
+        except Exception:  # noqa: BLE001 - the server outlives any one request
+            log.exception("generation failed")
+            job.emit(
+                Failed(500, "the generation failed on the server (see the server's log)", "server_error")
+            )
+            return
+        job.emit(Finished(stats, cancelled=job.cancelled.is_set()))
