@@ -266,18 +266,22 @@ class Service:
             return error_response(503, str(e), "server_error", "server_busy")
         shape = Shape(chat, self.config.model_name, f"hf2q-py-{__version__}")
         if req.stream:
-            return await self._stream(job, shape, label, req, arrival)
-        return await self._whole(job, shape, label, request, arrival)
+            return await self._stream(job, shape, label, req, request, arrival)
+        return_tokens = bool(req.hf2q and req.hf2q.return_tokens)
+        return await self._whole(job, shape, label, request, arrival, return_tokens)
 
-    async def _whole(self, job: Job, shape: Shape, label: str, request: Request, arrival: float) -> Response:
+    async def _whole(
+        self, job: Job, shape: Shape, label: str, request: Request, arrival: float, return_tokens: bool
+    ) -> Response:
         gone = asyncio.ensure_future(_disconnected(request))
-        text, ttft = [], None
+        text, tokens, ttft = [], [], None
         try:
             async for event in _until(job.stream(), gone):
                 if isinstance(event, Piece):
                     if ttft is None and event.tokens:
                         ttft = time.perf_counter() - arrival
                     text.append(event.text)
+                    tokens.extend(event.tokens)
                 elif isinstance(event, Failed):
                     return error_response(
                         event.status, event.message, _KINDS.get(event.status, "server_error"), event.code
@@ -288,16 +292,28 @@ class Service:
                             503, "the server is shutting down", "server_error", "server_shutting_down"
                         )
                     self.metrics.finished(event.stats, ttft, time.perf_counter() - arrival)
-                    return JSONResponse(shape.response("".join(text), event.stats, label))
+                    body = shape.response("".join(text), event.stats, label)
+                    if return_tokens:
+                        body["hf2q"]["tokens"] = tokens
+                    return JSONResponse(body)
             job.cancel()  # the client left
             return Response(status_code=499)
         finally:
             gone.cancel()
             job.cancel()
 
-    async def _stream(self, job: Job, shape: Shape, label: str, req, arrival: float) -> Response:
+    async def _stream(
+        self, job: Job, shape: Shape, label: str, req, request: Request, arrival: float
+    ) -> Response:
         events = job.stream()
-        first = await events.__anext__()
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:  # a client that leaves while its request waits never starts it
+            first = await anext(_until(events, gone), None)
+        finally:
+            gone.cancel()
+        if first is None:
+            job.cancel()
+            return Response(status_code=499)
         if isinstance(first, Failed):
             return error_response(
                 first.status, first.message, _KINDS.get(first.status, "server_error"), first.code

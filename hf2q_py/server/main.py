@@ -45,15 +45,17 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8080,
     *,
+    sock: socket.socket | None = None,
     access_log: bool = False,
     announce: Callable[[str], None] | None = None,
 ) -> int:
-    """Serve ``target`` until SIGINT or SIGTERM; returns the exit status.
-    ``announce`` receives the URL once the server answers."""
+    """Serve ``target`` on ``host:port`` (or on ``sock``, already listening)
+    until SIGINT or SIGTERM; returns the exit status. ``announce`` receives
+    the URL once the server answers."""
     logging.basicConfig(
         level=logging.INFO, format="hf2q-py serve: %(levelname)s %(message)s", stream=sys.stderr
     )
-    sock = bind(host, port)
+    sock = sock or bind(host, port)
     worker = Worker(target, config.max_queue)
     server = uvicorn.Server(
         uvicorn.Config(

@@ -49,6 +49,8 @@ class Hf2qOptions(_Strict):
 
     model_config = ConfigDict(strict=True, extra="forbid")
     method: str | None = Field(None, max_length=1000)
+    #: Add the generated token ids to the response's ``hf2q`` field (not streamed).
+    return_tokens: bool = False
 
 
 class _Request(_Strict):

@@ -30,10 +30,10 @@ log = logging.getLogger("hf2q_py.server")
 
 @dataclass
 class Piece:
-    """Text decoded in one round and how many tokens it came from."""
+    """Text decoded in one round and the tokens behind it."""
 
     text: str
-    tokens: int
+    tokens: list[int]
 
 
 @dataclass
@@ -154,7 +154,7 @@ class Worker:
             stream = stream_generate(self.target, job.ids, config=job.config, stats=stats)
             try:
                 for chunk in stream:
-                    job.emit(Piece(chunk.text, len(chunk.tokens)))
+                    job.emit(Piece(chunk.text, chunk.tokens))
                     if job.cancelled.is_set():
                         break
             finally:

@@ -727,6 +727,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from hf2q_py.loaders.convert import parse_dtype
     from hf2q_py.prompt_cache import PromptCache
     from hf2q_py.server import ServerConfig, serve
+    from hf2q_py.server.main import bind
     from hf2q_py.validate import check_float
 
     spec = parse_command_methods(args.method, args)[0]  # every option is checked before the model loads
@@ -740,6 +741,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     parse_dtype(args.dtype)
     check_source(args.model)
     check_sources([spec])
+    sock = bind(args.host, args.port)  # a port in use is refused before the model loads
     target = hf2q_py.load(args.model, dtype=args.dtype)
     load_drafts([spec], args.dtype)
     if not args.no_prompt_cache:
@@ -760,7 +762,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def announce(url: str) -> None:
         print(f"hf2q-py serve: {name} ({spec.label}) at {url}/v1", flush=True)
 
-    return serve(target, config, args.host, args.port, access_log=args.access_log, announce=announce)
+    return serve(target, config, sock=sock, access_log=args.access_log, announce=announce)
 
 
 COMMANDS = {
