@@ -63,6 +63,9 @@ class GenerationConfig:
     max_tokens: int = 256
     stop: Sequence[str] = ()
     chat_template: bool = True
+    #: The first round decodes one token without drafts: a stream's first text
+    #: comes after one decode instead of a wider verify (about one decode more in all).
+    plain_first_token: bool = False
     spec: SpecConfig = field(default_factory=SpecConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
@@ -78,6 +81,7 @@ class GenerationConfig:
         if any(not s for s in self.stop):
             raise Hf2qError("stop strings must not be empty")
         check_bool("chat_template", self.chat_template)
+        check_bool("plain_first_token", self.plain_first_token)
         self.spec.validate()
 
 

@@ -42,13 +42,16 @@ def generate_tokens(
     stats: GenerationStats | None = None,
     on_round: Callable[[Round], None] | None = None,
     decider: Greedy | None = None,
+    plain_first_token: bool = False,
 ) -> Iterator[list[int]]:
     """Yield each round's newly committed tokens.
 
     ``decider`` turns logits into tokens and judges drafts: greedy by
     default, or a ``Sampler`` (lossless speculative sampling). With no
     proposer this is plain decoding; a proposer without a ``policy`` gets an
-    adaptive K of at most 8.
+    adaptive K of at most 8. ``plain_first_token``: the first round is a
+    single-token decode, so the first token comes after one decode instead
+    of a wider verify (a stream's time to first token).
 
     EOS ends generation (the EOS token itself is not yielded) and
     ``max_tokens`` is never exceeded, also inside an accepted block.
@@ -73,13 +76,15 @@ def generate_tokens(
     stats.prefill_seconds = time.perf_counter() - t0
     t_start = time.perf_counter()
     loop = _Loop(rt, proposer, policy, decider, prompt, max_tokens, stats)
+    loop.plain_first_token = plain_first_token
     proposer.start(rt, prompt, hidden, decider)
     finished = False
     try:
         while True:
             step = loop.speculate() if loop.queued is None else None
             r, new, hidden = step or loop.decode()
-            policy.update(r)
+            if not (plain_first_token and stats.rounds == 0):  # a decode by rule: no sample for the policy
+                policy.update(r)
             new, done = _commit(loop.tokens, new, eos, max_tokens, stats)
             r.emitted = len(new)
             stats.record(r)
@@ -169,6 +174,7 @@ class _Loop:
         self.tokens = list(prompt)
         self.max_tokens, self.stats = max_tokens, stats
         self.queued: _Queued | None = None
+        self.plain_first_token = False
         self.early: tuple[Hashable, Draft] | None = None  # drafted while a decode ran
         self.ready: tuple[Hashable, Draft] | None = None  # early drafts the decode confirmed
         self.propose_seconds = 0.0  # drafting time not yet charged to a round
@@ -179,7 +185,7 @@ class _Loop:
         return self.proposer.draft_key(self.tokens) if self.proposer.active else None
 
     def _next_k(self, key: Hashable) -> int:
-        if not self.proposer.active:
+        if not self.proposer.active or (self.plain_first_token and self.stats.generated_tokens == 0):
             return 0
         return min(self.policy.next_k(key), self.max_tokens - self.stats.generated_tokens - 1)
 

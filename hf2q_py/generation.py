@@ -127,7 +127,7 @@ def _split_options(options: dict[str, Any]) -> GenerationConfig:
     spec_opts = {k: v for k, v in options.items() if k in _SPEC_FIELDS}
     sampling_opts = {k: v for k, v in options.items() if k in _SAMPLING_FIELDS}
     gen_opts = {k: v for k, v in options.items() if k not in _SPEC_FIELDS | _SAMPLING_FIELDS}
-    unknown = set(gen_opts) - {"max_tokens", "stop", "chat_template"}
+    unknown = set(gen_opts) - {"max_tokens", "stop", "chat_template", "plain_first_token"}
     if unknown:
         raise Hf2qError(f"unknown option(s): {', '.join(sorted(unknown))}")
     if isinstance(gen_opts.get("stop"), str):
@@ -199,6 +199,7 @@ def _stream(
         stats=stats,
         on_round=on_round,
         decider=make_decider(config.sampling),
+        plain_first_token=config.plain_first_token,
     )
     pending: list[tuple[int, int]] = []  # (token, where its text begins) not yet yielded
     try:

@@ -183,3 +183,16 @@ def test_bad_prompts_are_refused():
         hf2q_py.generate(target, [1, 10_000], max_tokens=4)
     with pytest.raises(Hf2qError, match="no tokenizer"):
         hf2q_py.generate(target, "hello", max_tokens=4)
+
+
+@pytest.mark.parametrize("method", ["ngram", "layerskip"])
+def test_a_plain_first_token_decodes_the_first_round_and_changes_no_token(method):
+    target = tiny_target("llama")
+    prompt = loopy_prompt()
+    opts = {"skip_layers": [1]} if method == "layerskip" else {}
+    rounds = []
+    got = hf2q_py.generate(
+        target, prompt, max_tokens=24, method=method, plain_first_token=True, on_round=rounds.append, **opts
+    )
+    assert rounds[0].drafted == 0 and got.stats.drafted > 0
+    assert got.tokens == hf2q_py.generate(target, prompt, max_tokens=24).tokens

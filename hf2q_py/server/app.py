@@ -197,7 +197,7 @@ class Service:
             max_tokens = self._budget(len(ids), req.token_limit)
             label, options = self._method(req)
             config = make_config(
-                max_tokens=max_tokens, stop=req.stop_strings(), **options,
+                max_tokens=max_tokens, stop=req.stop_strings(), plain_first_token=req.stream, **options,
                 **req.sampling(self.config.temperature),
             )  # fmt: skip
         except Hf2qError as e:
