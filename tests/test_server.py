@@ -397,9 +397,23 @@ def test_requests_past_the_queue_limit_are_refused_at_once(guarded):
     for conn in (waiting, running):
         conn.sock.close()
         conn.close()
+    deadline = time.monotonic() + 10  # the server sees the waiting client leave: its place is free
+    while queue_depth(guarded, auth) > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert queue_depth(guarded, auth) == 0
     good = openai.OpenAI(base_url=guarded.base, api_key="s3cret", max_retries=0, timeout=120)
     assert (
         "Paris" in chat(good, user("What is the capital of France?"), max_tokens=8).choices[0].message.content
+    )
+
+
+def queue_depth(server, headers) -> float:
+    raw = server.raw("GET", "/metrics", headers=headers)[2].decode()
+    return next(
+        s.value
+        for f in text_string_to_metric_families(raw)
+        for s in f.samples
+        if s.name == "hf2q_queue_depth"
     )
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -89,40 +89,42 @@ class Job:
 
 
 class Worker:
-    """Runs jobs one at a time on ``target``, at most ``max_queue`` waiting."""
+    """Runs jobs one at a time on ``target``, at most ``max_queue`` waiting
+    (a cancelled job frees its place at once)."""
 
     def __init__(self, target: Target, max_queue: int = 16):
         self.target = target
         self.max_queue = max_queue
-        self._jobs: queue.Queue[Job] = queue.Queue()
-        self._lock = threading.Lock()
-        self._waiting = 0
+        self._pending: deque[Job] = deque()
+        self._ready = threading.Condition()
         self.running: Job | None = None
-        self._stopping = threading.Event()
+        self._stopping = False
 
     @property
     def waiting(self) -> int:
-        """Jobs submitted and not yet started."""
-        return self._waiting
+        """Jobs submitted, not cancelled and not yet started."""
+        with self._ready:
+            return sum(not j.cancelled.is_set() for j in self._pending)
 
     def submit(self, job: Job) -> None:
-        with self._lock:
-            if self._stopping.is_set():
+        with self._ready:
+            if self._stopping:
                 raise Busy("the server is shutting down")
-            if self._waiting >= self.max_queue:
-                raise Busy(f"the server is busy: {self._waiting} requests are waiting (--max-queue)")
-            self._waiting += 1
-        self._jobs.put(job)
+            waiting = sum(not j.cancelled.is_set() for j in self._pending)
+            if waiting >= self.max_queue:
+                raise Busy(f"the server is busy: {waiting} requests are waiting (--max-queue)")
+            self._pending.append(job)
+            self._ready.notify()
 
     def run(self) -> None:
         """Serve jobs until :meth:`stop`; call from the thread that owns the model."""
-        while not self._stopping.is_set():
-            try:
-                job = self._jobs.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            with self._lock:
-                self._waiting -= 1
+        while True:
+            with self._ready:
+                while not self._pending and not self._stopping:
+                    self._ready.wait(0.1)
+                if self._stopping:
+                    break
+                job = self._pending.popleft()
             if job.cancelled.is_set():
                 continue
             self.running = job
@@ -133,18 +135,17 @@ class Worker:
         self._fail_waiting()
 
     def stop(self) -> None:
-        """Stop: the running job is cancelled, waiting ones fail with 503."""
-        self._stopping.set()
+        """Stop: the running job is cancelled, waiting ones fail with 503.
+        Safe to call from a signal handler (it takes no lock)."""
+        self._stopping = True
         running = self.running
         if running is not None:
             running.cancel()
 
     def _fail_waiting(self) -> None:
-        while True:
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                return
+        with self._ready:
+            pending, self._pending = list(self._pending), deque()
+        for job in pending:
             job.emit(Failed(503, "the server is shutting down", "server_shutting_down"))
 
     def _serve(self, job: Job) -> None:
