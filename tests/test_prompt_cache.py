@@ -48,36 +48,23 @@ def test_a_retried_request_reuses_its_whole_prompt_and_gives_the_same_answer(arc
     assert again.tokens == first.tokens
 
 
-def test_full_attention_reuses_a_shared_prefix_of_a_diverging_prompt():
-    target = cached_target("llama")
-    prompt = random_prompt(30)
-    hf2q_py.generate(target, prompt, max_tokens=8)
-    other = prompt[:20] + random_prompt(10, seed=7)
-    result = hf2q_py.generate(target, other, max_tokens=8)
-    assert result.stats.cached_tokens == 20
-    assert_same_greedy(target.model, other, result.tokens, fresh("llama", other, 8))
-
-
-@pytest.mark.parametrize(("arch", "length"), [("qwen3_next", 40), ("gemma3_text", 800)])
-def test_recurrent_and_compacted_window_states_are_not_cut_back_to_a_shorter_prefix(arch, length):
-    # 800 positions: the sliding-window layers (16) have dropped the history before ~430
+@pytest.mark.parametrize(
+    ("arch", "length", "shared", "reused"),
+    [
+        ("llama", 30, 20, 20),  # full attention is cut back to any prefix
+        ("qwen3_next", 40, 20, 0),  # a recurrent state is never cut back
+        ("gemma3_text", 800, 400, 0),  # the sliding windows (16) dropped the history before ~430
+        ("gemma3_text", 40, 30, 30),  # ... but still hold it in a short conversation
+    ],
+)
+def test_a_diverging_prompt_reuses_a_shared_prefix_only_where_its_state_is_held(arch, length, shared, reused):
     target = cached_target(arch)
     prompt = random_prompt(length)
     hf2q_py.generate(target, prompt, max_tokens=8)
-    other = prompt[: length // 2] + random_prompt(10, seed=7)
+    other = prompt[:shared] + random_prompt(10, seed=7)
     result = hf2q_py.generate(target, other, max_tokens=8)
-    assert result.stats.cached_tokens == 0
-    assert result.tokens == fresh(arch, other, 8)
-
-
-def test_a_sliding_window_state_is_cut_back_while_its_history_is_held():
-    target = cached_target("gemma3_text")
-    prompt = random_prompt(40)
-    hf2q_py.generate(target, prompt, max_tokens=8)
-    other = prompt[:30] + random_prompt(10, seed=7)
-    result = hf2q_py.generate(target, other, max_tokens=8)
-    assert result.stats.cached_tokens == 30
-    assert_same_greedy(target.model, other, result.tokens, fresh("gemma3_text", other, 8))
+    assert result.stats.cached_tokens == reused
+    assert_same_greedy(target.model, other, result.tokens, fresh(arch, other, 8))
 
 
 def test_every_method_and_sampling_leave_states_that_later_requests_reuse_exactly():

@@ -1,15 +1,13 @@
-"""The OpenAI-compatible HTTP API: FastAPI routes over one :class:`Worker`.
+"""The OpenAI-compatible HTTP API: FastAPI routes over one :class:`Worker`,
+inside the :class:`~hf2q_py.server.guard.Guard` (body limit, API key).
 
 Every error is OpenAI's ``{"error": {...}}`` body with a 4xx or 5xx status,
-never a traceback. :class:`Guard`, outside the routes, reads each body whole
-before anything answers (so a 413 or 401 reaches the client instead of a
-reset connection), checks the API key and counts responses by status.
+never a traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import time
@@ -28,14 +26,11 @@ from ..generation import context_length, encode_messages, encode_prompt, make_co
 from ..method_spec import parse_method
 from ..methods import method_named
 from .metrics import Metrics
-from .protocol import ChatRequest, CompletionRequest, Shape, error_body, speculation
+from .guard import Guard
+from .protocol import ERROR_TYPES, ChatRequest, CompletionRequest, Shape, error_body, speculation
 from .worker import Busy, Failed, Finished, Job, Piece, Worker
 
 log = logging.getLogger("hf2q_py.server")
-
-#: A body past the limit is still read (and dropped) up to this many times the
-#: limit, so the client can read the 413; past that the connection is closed.
-DRAIN_FACTOR = 16
 
 
 @dataclass
@@ -62,112 +57,22 @@ class ServerConfig:
 class ApiError(Exception):
     """A request the server answers with an error body."""
 
-    def __init__(
-        self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None
-    ):
+    def __init__(self, status: int, message: str, code: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.kind, self.code = status, message, kind, code
-
-    def response(self) -> JSONResponse:
-        return error_response(self.status, self.message, self.kind, self.code)
+        self.failure = Failed(status, message, code)
 
 
-def error_response(status: int, message: str, kind: str, code: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, kind, code), status_code=status)
+SHUTTING_DOWN = Failed(503, "the server is shutting down", "server_shutting_down")
 
 
-_KINDS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          413: "invalid_request_error", 503: "server_error", 500: "server_error"}  # fmt: skip
+def error_response(f: Failed) -> JSONResponse:
+    """OpenAI's error body for ``f``, its type read from the status."""
+    return JSONResponse(error_body(f.message, ERROR_TYPES.get(f.status, "server_error"), f.code), f.status)
 
 
-class Guard:
-    """Pure ASGI middleware: reads the body (at most ``max_body_bytes``),
-    then checks the API key (all but ``/health``), then runs the app;
-    counts every response by endpoint and status."""
-
-    def __init__(self, app: Any, config: ServerConfig, metrics: Metrics):
-        self.app, self.config, self.metrics = app, config, metrics
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        status = {"code": 500}
-
-        async def counted_send(message):
-            if message["type"] == "http.response.start":
-                status["code"] = message["status"]
-            await send(message)
-
-        try:
-            body = await self._read_body(scope, receive)
-            if body is None:  # too large
-                return await self._refuse(counted_send, 413, self._too_large(), close=True)
-            if not self._authorized(scope):
-                return await self._refuse(
-                    counted_send, 401, "missing or wrong API key (Authorization: Bearer KEY)"
-                )
-            await self.app(scope, _replay(body, receive), counted_send)
-        except _Disconnected:
-            status["code"] = 499
-        finally:
-            self.metrics.request(scope.get("path", ""), status["code"])
-
-    def _too_large(self) -> str:
-        return f"the request body is larger than this server's limit of {self.config.max_body_bytes} bytes (--max-body-bytes)"
-
-    async def _read_body(self, scope, receive) -> bytes | None:
-        limit = self.config.max_body_bytes
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit * DRAIN_FACTOR:
-            return None
-        chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _Disconnected
-            chunk = message.get("body", b"")
-            more = message.get("more_body", False)
-            size += len(chunk)
-            if size > limit * DRAIN_FACTOR:
-                return None
-            if size <= limit:
-                chunks.append(chunk)
-        return b"".join(chunks) if size <= limit else None
-
-    def _authorized(self, scope) -> bool:
-        key = self.config.api_key
-        if key is None or scope.get("path") == "/health":
-            return True
-        given = dict(scope.get("headers") or []).get(b"authorization", b"")
-        return hmac.compare_digest(given, b"Bearer " + key.encode())
-
-    async def _refuse(self, send, status: int, message: str, close: bool = False):
-        body = json.dumps(error_body(message, _KINDS[status], None)).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        if status == 401:
-            headers.append((b"www-authenticate", b"Bearer"))
-        if close:
-            headers.append((b"connection", b"close"))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
-
-class _Disconnected(Exception):
-    pass
-
-
-def _replay(body: bytes, receive):
-    """A ``receive`` that gives the read body once, then the client's later messages (disconnects)."""
-    sent = False
-
-    async def replay():
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
+def error_event(f: Failed) -> str:
+    """The same error as a server-sent event (a stream already under way)."""
+    return _sse(error_body(f.message, ERROR_TYPES.get(f.status, "server_error"), f.code))
 
 
 class Service:
@@ -187,7 +92,7 @@ class Service:
         if req.model is not None and req.model != self.config.model_name:
             raise ApiError(
                 404, f"the model {req.model!r} does not exist; this server has {self.config.model_name!r}",
-                "not_found_error", "model_not_found",
+                "model_not_found",
             )  # fmt: skip
         problem = req.unsupported()
         if problem:
@@ -261,9 +166,9 @@ class Service:
             job, label = self.job(req, loop)
             self.worker.submit(job)
         except ApiError as e:
-            return e.response()
+            return error_response(e.failure)
         except Busy as e:
-            return error_response(503, str(e), "server_error", "server_busy")
+            return error_response(Failed(503, str(e), "server_busy"))
         shape = Shape(chat, self.config.model_name, f"hf2q-py-{__version__}")
         if req.stream:
             return await self._stream(job, shape, label, req, request, arrival)
@@ -283,14 +188,10 @@ class Service:
                     text.append(event.text)
                     tokens.extend(event.tokens)
                 elif isinstance(event, Failed):
-                    return error_response(
-                        event.status, event.message, _KINDS.get(event.status, "server_error"), event.code
-                    )
+                    return error_response(event)
                 elif isinstance(event, Finished):
                     if event.cancelled:
-                        return error_response(
-                            503, "the server is shutting down", "server_error", "server_shutting_down"
-                        )
+                        return error_response(SHUTTING_DOWN)
                     self.metrics.finished(event.stats, ttft, time.perf_counter() - arrival)
                     body = shape.response("".join(text), event.stats, label)
                     if return_tokens:
@@ -315,9 +216,7 @@ class Service:
             job.cancel()
             return Response(status_code=499)
         if isinstance(first, Failed):
-            return error_response(
-                first.status, first.message, _KINDS.get(first.status, "server_error"), first.code
-            )
+            return error_response(first)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
         async def sse() -> AsyncIterator[str]:
@@ -333,9 +232,7 @@ class Service:
                         if event.text:
                             yield _sse(shape.chunk(event.text, with_usage=include_usage))
                     elif isinstance(event, Failed):
-                        yield _sse(
-                            error_body(event.message, _KINDS.get(event.status, "server_error"), event.code)
-                        )
+                        yield error_event(event)
                         return
                     else:
                         yield from_finished(event, ttft)
@@ -346,7 +243,7 @@ class Service:
 
         def from_finished(event: Finished, ttft: float | None) -> str:
             if event.cancelled:
-                return _sse(error_body("the server is shutting down", "server_error", "server_shutting_down"))
+                return error_event(SHUTTING_DOWN)
             stats = event.stats
             self.metrics.finished(stats, ttft, time.perf_counter() - arrival)
             last = shape.chunk(None, stats.finish_reason or "stop", with_usage=include_usage)
@@ -413,21 +310,21 @@ def create_app(worker: Worker, config: ServerConfig) -> Any:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(400, _validation_message(exc), "invalid_request_error")
+        return error_response(Failed(400, _validation_message(exc)))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = {404: f"no such endpoint: {request.method} {request.url.path}",
                    405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))  # fmt: skip
-        return error_response(exc.status_code, message, _KINDS.get(exc.status_code, "invalid_request_error"))
+        return error_response(Failed(exc.status_code, message))
 
     @app.exception_handler(Exception)
     async def crashed(request: Request, exc: Exception) -> JSONResponse:
         log.exception("request failed")
-        return error_response(500, "the server failed on this request (see the server's log)", "server_error")
+        return error_response(Failed(500, "the server failed on this request (see the server's log)"))
 
     app.state.metrics, app.state.service = metrics, service
-    return Guard(app, config, metrics)
+    return Guard(app, config.max_body_bytes, config.api_key, metrics)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
