@@ -183,12 +183,7 @@ def _stream(
     seeded = sampling is not None and not sampling.greedy and sampling.seed is not None
     proposer, policy = build_proposer(target, config.spec, seeded_sampling=seeded)
     tok = target.tokenizer
-    detok = tok.detokenizer if tok is not None else None
-    if detok is not None:
-        detok.reset()
-    stops = tuple(config.stop)
-    hold = max((len(s) for s in stops), default=1) - 1
-    text, sent = "", 0
+    text = StopText(tok.detokenizer, config.stop) if tok is not None else None
     rounds = generate_tokens(
         target,
         ids,
@@ -201,45 +196,81 @@ def _stream(
         decider=make_decider(config.sampling),
         plain_first_token=config.plain_first_token,
     )
-    pending: list[tuple[int, int]] = []  # (token, where its text begins) not yet yielded
+    sent = 0  # tokens yielded
     try:
         for new in rounds:
-            if detok is None:
+            if text is None:
                 yield GenerationChunk("", new, stats)
                 continue
-            stop_at = None
-            for n, t in enumerate(new, 1):
-                pending.append((t, len(text)))
-                detok.add_token(t)
-                text += detok.last_segment
-                if stops:
-                    hits = [i for i in (text.find(s, max(0, sent - hold)) for s in stops) if i >= 0]
-                    if hits:
-                        stop_at = min(hits)
-                        stats.generated_tokens -= len(new) - n
-                        break
-            if stop_at is not None:
-                # the text ends before the stop string; so do the tokens: those
-                # whose text begins inside it are dropped too
-                text = text[:stop_at]
-                kept = [t for t, start in pending if start < stop_at]
-                stats.generated_tokens -= len(pending) - len(kept)
-                stats.finish_reason = "stop"
-                yield GenerationChunk(text[sent:], kept, stats)
+            piece, tokens, stopped = text.feed(new)
+            sent += len(tokens)
+            if stopped:
+                stats.generated_tokens, stats.finish_reason = sent, "stop"
+            yield GenerationChunk(piece, tokens, stats)
+            if stopped:
                 return
-            # hold back what a stop string might still claim: its text and its tokens
-            safe = max(sent, len(text) - hold) if stops else len(text)
-            ready = [t for t, start in pending if start < safe or not stops]
-            pending = pending[len(ready) :]
-            yield GenerationChunk(text[sent:safe], ready, stats)
-            sent = safe
-        if detok is not None:
-            detok.finalize()
-            text += detok.last_segment
-            if len(text) > sent or pending:
-                yield GenerationChunk(text[sent:], [t for t, _ in pending], stats)
+        if text is not None:
+            piece, tokens = text.finish()
+            if piece or tokens:
+                yield GenerationChunk(piece, tokens, stats)
     finally:
         rounds.close()
+
+
+class StopText:
+    """Tokens to text, ended by stop strings; text and tokens always end at
+    the same place.
+
+    ``feed`` takes a round's tokens and gives back the text and tokens that
+    are ready: whole tokens that no stop string can still reach (with no stop
+    strings, all of them). Once a stop string appears, the text and the
+    tokens end before the token in which it begins (that token's text before
+    the stop string is dropped with it), and nothing more comes.
+    """
+
+    def __init__(self, detokenizer: Any, stops: Sequence[str] = ()):
+        self.detok = detokenizer
+        self.detok.reset()
+        self.stops = tuple(stops)
+        self.hold = max((len(s) for s in self.stops), default=1) - 1  # characters a stop may still claim
+        self.text = ""
+        self.sent = 0  # characters given out
+        self.pending: list[tuple[int, int]] = []  # (token, where its text ends) not given out
+
+    def feed(self, tokens: Sequence[int]) -> tuple[str, list[int], bool]:
+        """The text and tokens now ready, and whether a stop string ended them."""
+        for t in tokens:
+            self.detok.add_token(t)
+            self.text += self.detok.last_segment
+            self.pending.append((t, len(self.text)))
+            stop_at = self._find_stop()
+            if stop_at is not None:
+                return (*self._take(stop_at), True)
+        return (*self._take(len(self.text) - self.hold), False)
+
+    def finish(self) -> tuple[str, list[int]]:
+        """What is left once generation ended without a stop string."""
+        self.detok.finalize()
+        self.text += self.detok.last_segment
+        piece, tokens = self.text[self.sent :], [t for t, _ in self.pending]
+        self.sent, self.pending = len(self.text), []
+        return piece, tokens
+
+    def _find_stop(self) -> int | None:
+        """Where the first stop string begins (stop strings end in new text:
+        they begin at or after what was given out)."""
+        hits = [i for i in (self.text.find(s, self.sent) for s in self.stops) if i >= 0]
+        return min(hits) if hits else None
+
+    def _take(self, limit: int) -> tuple[str, list[int]]:
+        """The pending tokens whose text ends by ``limit``, and that text."""
+        n = 0
+        while n < len(self.pending) and self.pending[n][1] <= limit:
+            n += 1
+        ready, self.pending = self.pending[:n], self.pending[n:]
+        end = ready[-1][1] if ready else self.sent
+        piece, self.sent = self.text[self.sent : end], end
+        return piece, [t for t, _ in ready]
 
 
 def generate(

@@ -96,3 +96,17 @@ def test_chat_template_renders_and_tokenizes_exactly(smol):
     assert ids == tok.encode(text)
     assert ids[0] == 1 and ids.count(2) == 2  # <|im_start|> and <|im_end|> are single tokens
     assert smol.eos_token_ids == {2}
+
+
+@pytest.mark.parametrize("stop", ["gamma", "a g", "ta"])
+def test_a_stop_string_ends_text_and_tokens_at_the_same_place_on_a_real_vocabulary(smol, stop):
+    prompt = "Repeat exactly: alpha beta gamma delta epsilon"
+    free = hf2q_py.generate(smol, prompt, max_tokens=24)
+    assert stop in free.text
+    for method in ("baseline", "ngram"):
+        r = hf2q_py.generate(smol, prompt, max_tokens=24, stop=[stop], method=method)
+        assert r.finish_reason == "stop" and stop not in r.text
+        assert smol.tokenizer.decode(r.tokens) == r.text and free.text.startswith(r.text)
+        assert r.tokens == free.tokens[: len(r.tokens)] and r.stats.generated_tokens == len(r.tokens)
+        chunks = list(hf2q_py.stream_generate(smol, prompt, max_tokens=24, stop=[stop], method=method))
+        assert "".join(c.text for c in chunks) == r.text and [t for c in chunks for t in c.tokens] == r.tokens

@@ -630,7 +630,7 @@ def test_stop_strings_end_text_and_tokens_at_the_same_place():
     target.eos_token_ids = set()
     tok = target.tokenizer
     free = hf2q_py.generate(target, "hello world", max_tokens=40, chat_template=False)
-    starts = [len(tok.decode(free.tokens[:i])) for i in range(len(free.tokens))]
+    ends = [len(tok.decode(free.tokens[: i + 1])) for i in range(len(free.tokens))]
     assert tok.decode(free.tokens) == free.text
     unmatched = hf2q_py.generate(target, "hello world", max_tokens=40, chat_template=False, stop=["never"])
     assert unmatched.text == free.text and unmatched.tokens == free.tokens  # text held back is not repeated
@@ -641,12 +641,10 @@ def test_stop_strings_end_text_and_tokens_at_the_same_place():
             r = hf2q_py.generate(
                 target, "hello world", max_tokens=40, stop=[stop, "never"], chat_template=False, method=method
             )
-            assert r.text == free.text[:cut] and r.finish_reason == "stop"
-            # the tokens whose text begins before the stop string, no more
-            assert r.tokens == [t for t, s in zip(free.tokens, starts) if s < cut]
-            if cut in starts:
-                assert tok.decode(r.tokens) == r.text
-            assert r.stats.generated_tokens == len(r.tokens)
+            # the tokens whose text ends before the stop string, and their text
+            assert r.tokens == [t for t, e in zip(free.tokens, ends) if e <= cut]
+            assert r.text == tok.decode(r.tokens) == free.text[: max([0] + [e for e in ends if e <= cut])]
+            assert r.finish_reason == "stop" and r.stats.generated_tokens == len(r.tokens)
             chunks = list(
                 hf2q_py.stream_generate(
                     target, "hello world", max_tokens=40, stop=[stop], chat_template=False, method=method
