@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import gguf
+import kquants
 import mlx.core as mx
 import numpy as np
 from gguf_vocab import spm_metadata, write_vocab
@@ -55,6 +56,18 @@ EXPORTS = {
     ),
     # Mistral checkpoints convert to the llama architecture; head_dim set apart from hidden/heads.
     "mistral": ("llama", dict(_BASE, model_type="llama", head_dim=32, tie_word_embeddings=False)),
+    # rows of 256 and 512 values: wide enough for K-quant blocks
+    "llama-wide": (
+        "llama",
+        dict(
+            _BASE,
+            model_type="llama",
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=2,
+            tie_word_embeddings=False,
+        ),
+    ),  # fmt: skip
     "qwen2": ("qwen2", dict(_BASE, model_type="qwen2", tie_word_embeddings=False)),
     "qwen3": ("qwen3", dict(_BASE, model_type="qwen3", head_dim=16, tie_word_embeddings=True)),
     "phi3": ("phi3", dict(_BASE, model_type="phi3", tie_word_embeddings=False)),
@@ -165,14 +178,18 @@ def _stored(a: np.ndarray, qtype) -> tuple[np.ndarray, np.ndarray, object]:
     if qtype == Q.F16:
         h = a.astype(np.float16)
         return h.astype(np.float32), h, None
-    q = gguf.quants.quantize(a, qtype)
+    if qtype.name in kquants.ENCODERS:
+        q = kquants.quantize(a, qtype.name)
+    else:
+        q = gguf.quants.quantize(a, qtype)
     return gguf.quants.dequantize(q, qtype), q, qtype
 
 
 def export(path, name: str, qtype=Q.F32, seed: int = 0, tied: bool | None = None, vocab: dict | None = None):
     """Write EXPORTS[name] to ``path`` (``vocab``: tokenizer metadata, by
     default a trained SentencePiece one); returns the source model with its
-    weights set to exactly what the file holds (quantization round trip)."""
+    weights set to exactly what the file holds (quantization round trip).
+    ``qtype``: one type for every matrix, or a function of the mlx-lm name."""
     arch, cfg = EXPORTS[name]
     cfg = dict(cfg)
     if tied is not None:
@@ -190,12 +207,13 @@ def export(path, name: str, qtype=Q.F32, seed: int = 0, tied: bool | None = None
         a = np.array(value, dtype=np.float32)
         if a.ndim == 1:  # norms and biases: random too, so their layouts matter
             a = a + rng.normal(0, 0.2, a.shape).astype(np.float32)
-        floats, data, raw = _stored(a, qtype)
+        kind = qtype(pname) if callable(qtype) else qtype
+        floats, data, raw = _stored(a, kind)
         held.append((pname, mx.array(floats)))
         leaf = pname.rsplit(".", 2)[-2]
         if arch == "llama" and leaf in ("q_proj", "k_proj"):
             heads = cfg["num_attention_heads"] if leaf == "q_proj" else cfg["num_key_value_heads"]
-            _, data, raw = _stored(permute(a, heads), qtype)  # quantization is row-wise
+            _, data, raw = _stored(permute(a, heads), kind)  # quantization is row-wise
         if arch.startswith("gemma") and leaf.endswith("norm"):
             data = data + np.float32(1.0)
         w.add_tensor(gguf_tensor_name(pname, arch), data, raw_dtype=raw)

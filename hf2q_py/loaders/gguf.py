@@ -2,8 +2,10 @@
 
 Everything that can refuse a file (architecture, tokenizer kind, required
 metadata, tensor names, shapes and types) is checked from the header alone,
-before any tensor data is read. Q4_0/Q4_1/Q8_0 tensors can stay quantized
-(MLX affine, group 32); other quantized types are dequantized to float32.
+before any tensor data is read. With ``dtype="keep"`` quantized tensors stay
+quantized as MLX affine groups of 32: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and
+Q5_K exactly, Q6_K re-quantized to 8 bits (``gguf_quant``); other types, and
+every type under a float dtype, are dequantized.
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ def _dequantize_all(
 
 
 def _load_model(header: GGUFHeader, spec: ArchSpec, cfg: dict[str, Any], dtype: mx.Dtype | None):
-    tensors = read_tensors(header)
+    tensors = read_tensors(header, keep_quantized=dtype is None)
     weights, bits = convert_weights(tensors, cfg, spec)
     if dtype is not None or not bits:
         weights = _dequantize_all(weights, bits, dtype or mx.float16)

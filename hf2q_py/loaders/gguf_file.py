@@ -213,10 +213,13 @@ MX_LOAD_TYPES = {"F32", "F16", "Q4_0", "Q4_1", "Q8_0"}
 _FLOAT_TYPES = {"F32": "<f4", "F16": "<f2"}
 
 
-def read_tensors(header: GGUFHeader) -> dict[str, mx.array]:
+def read_tensors(header: GGUFHeader, keep_quantized: bool = False) -> dict[str, mx.array]:
     """Every tensor, each read once: through ``mx.load`` when it reads all of
-    the file's types (quantized ones stay quantized), otherwise memory-mapped,
-    copied and dequantized to float32 (lazily, by MLX where it can)."""
+    the file's types (quantized ones stay quantized), otherwise memory-mapped
+    and copied. Quantized tensors then become floats (float32, lazily, by MLX
+    where it can), or with ``keep_quantized`` MLX quantized triples
+    (``NAME.weight``, ``NAME.scales``, ``NAME.biases``) where
+    ``gguf_quant`` can hold their type (the others still become floats)."""
     import mlx.core as mx
 
     path = header.path
@@ -227,15 +230,22 @@ def read_tensors(header: GGUFHeader) -> dict[str, mx.array]:
         except Exception as e:
             raise ModelLoadError(f"{path}: cannot read its tensors ({e})") from e
     from .gguf_dequant import dequantize
+    from .gguf_quant import keeps, quantized
 
     out = {}
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         for info in header.tensors.values():
             raw = np.frombuffer(buf, np.uint8, info.nbytes, info.offset)
             if info.type_name in _FLOAT_TYPES:
-                value = mx.array(raw.view(_FLOAT_TYPES[info.type_name]).reshape(info.shape), dtype=mx.float32)
+                out[info.name] = mx.array(
+                    raw.view(_FLOAT_TYPES[info.type_name]).reshape(info.shape), dtype=mx.float32
+                )
+            elif keep_quantized and keeps(info.type_name) and info.name.endswith(".weight"):
+                stem = info.name.removesuffix(".weight")
+                triple = quantized(mx.array(raw), info.type_name, info.shape)
+                for kind, value in zip(("weight", "scales", "biases"), triple):
+                    out[f"{stem}.{kind}"] = value
             else:
-                value = dequantize(raw, info)
-            out[info.name] = value
+                out[info.name] = dequantize(raw, info)
             del raw
     return out

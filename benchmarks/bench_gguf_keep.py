@@ -1,0 +1,83 @@
+"""A GGUF file loaded as it is stored (``dtype="keep"``: quantized tensors stay
+MLX-quantized) against the same file in float32: memory of the weights, load
+time, the largest logit difference on a prompt, and whether greedy decoding
+gives the same tokens.
+
+On this CPU MLX's quantized matmul is slow (only float32 matmuls use BLAS),
+so decode speed is not compared here; on Apple GPUs the quantized path is
+the fast one.
+
+    python benchmarks/bench_gguf_keep.py model.gguf [--tokens 24] [--results benchmarks/results/gguf_keep_qwen05.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import hf2q_py  # first: loads OpenBLAS before mlx.core
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from hf2q_py.errors import Hf2qError, run_script
+from hf2q_py.loaders.gguf_file import read_header
+from hf2q_py.tools import results
+from hf2q_py.tools.files import check_writable
+
+PROMPT = "Write a Python function that reverses a string."
+
+
+def weight_bytes(target) -> int:
+    return sum(v.nbytes for _, v in tree_flatten(target.model.parameters()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("gguf")
+    ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("--results", default=None)
+    args = ap.parse_args()
+    path = Path(args.gguf)
+    if not path.is_file():
+        raise Hf2qError(f"{path}: no such file")
+    if args.results:
+        check_writable(args.results, "--results file")
+    types = Counter(t.type_name for t in read_header(path).tensors.values())
+    loaded, seconds = {}, {}
+    for dtype in ("keep", "float32"):
+        t0 = time.perf_counter()
+        loaded[dtype] = hf2q_py.load(path, dtype=dtype)
+        seconds[dtype] = time.perf_counter() - t0
+    keep, flt = loaded["keep"], loaded["float32"]
+    ids = hf2q_py.encode_prompt(flt, PROMPT)
+    a, b = keep.model(mx.array([ids]))[0], flt.model(mx.array([ids]))[0]
+    diff, scale = float(mx.abs(a - b).max()), float(mx.abs(b).max())
+    same_argmax = bool(mx.all(a.argmax(-1) == b.argmax(-1)).item())
+    tokens = {d: hf2q_py.generate(t, ids, max_tokens=args.tokens).tokens for d, t in loaded.items()}
+    rows = [[d, f"{weight_bytes(t) / 2**20:.0f}", f"{seconds[d]:.1f}"] for d, t in loaded.items()]
+    rows.append(["keep / float32", f"{weight_bytes(keep) / weight_bytes(flt):.2f}x", ""])
+    file_mib = path.stat().st_size / 2**20
+    notes = (
+        f"{path.name} ({file_mib:.0f} MiB; tensor types {dict(types)}). Prompt of {len(ids)} tokens: "
+        f"largest logit difference keep vs float32 {diff:.3g} (logits up to {scale:.3g}), same argmax at "
+        f"every position: {same_argmax}; greedy {args.tokens} tokens identical: "
+        f"{tokens['keep'] == tokens['float32']}."
+    )
+    rec = results.record(
+        shlex.join(["python", *sys.argv]),
+        [results.table(["dtype", "weights MiB", "load s"], rows, "lrr")],
+        notes=notes,
+        data={"types": dict(types), "bytes": {d: weight_bytes(t) for d, t in loaded.items()},
+              "load_seconds": seconds, "max_logit_diff": diff, "logit_scale": scale,
+              "same_argmax": same_argmax, "same_tokens": tokens["keep"] == tokens["float32"]},
+    )  # fmt: skip
+    results.publish(rec, args.results)
+
+
+if __name__ == "__main__":
+    run_script(main)
