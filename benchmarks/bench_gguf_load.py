@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx_lm.utils  # noqa: F401  (import time is not load time)
 
 from hf2q_py.loaders.gguf import plan_gguf
-from hf2q_py.loaders.gguf_file import read_tensors
+from hf2q_py.loaders.gguf_tensors import read_tensors
 from hf2q_py.loaders.gguf_tokenizer import tokenizer_from_gguf
 from hf2q_py.errors import run_script  # noqa: E402
 

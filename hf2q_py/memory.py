@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from .errors import Hf2qError
-from .proposers.suffix import SuffixAutomaton
+from .automaton import SuffixAutomaton
 
 
 class DraftMemory:

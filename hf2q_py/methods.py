@@ -256,7 +256,7 @@ METHODS: dict[str, Method] = {
             ),
             required=("draft",),
             default_k=16,
-            build=".proposers.draft_model:build",
+            build=".proposers.combined:build",
             draws_drafts=True,
         ),
         Method(

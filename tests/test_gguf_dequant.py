@@ -6,7 +6,8 @@ import gguf
 import numpy as np
 import pytest
 
-from hf2q_py.loaders.gguf_file import read_header, read_tensors
+from hf2q_py.loaders.gguf_file import read_header
+from hf2q_py.loaders.gguf_tensors import read_tensors
 
 Q = gguf.GGMLQuantizationType
 rng = np.random.default_rng(0)

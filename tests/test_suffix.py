@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from hf2q_py.errors import Hf2qError
 from hf2q_py.memory import DraftMemory
-from hf2q_py.proposers.suffix import SuffixAutomaton, SuffixOptions, SuffixProposer, depth_class
+from hf2q_py.automaton import SuffixAutomaton
+from hf2q_py.proposers.suffix import SuffixOptions, SuffixProposer, depth_class
 
 
 def occurrences(tokens, w):

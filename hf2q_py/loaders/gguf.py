@@ -30,7 +30,8 @@ from .gguf_arch import (
     mlx_name,
 )
 from .gguf_dequant import check_tensor_types
-from .gguf_file import GGUFHeader, read_header, read_tensors
+from .gguf_file import GGUFHeader, read_header
+from .gguf_tensors import read_tensors
 
 GROUP = 32
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
+from ..target import Target
 from .base import Draft, Proposer
-from .draft_model import DraftModelProposer
-from .suffix import SuffixProposer
+from .draft_model import DraftModelProposer, check_compatible, relative_cost
+from .suffix import SuffixOptions, SuffixProposer
 
 #: ``draft_key`` of rounds the draft model drafts; copy rounds have ("copy", the suffix proposer's key).
 MODEL_KEY = "model"
@@ -73,3 +74,33 @@ class CombinedProposer(Proposer):
     def finish(self, tokens: Sequence[int]) -> None:
         self.copier.finish(tokens)
         self.model.finish(tokens)
+
+
+def build(target: Target, spec) -> DraftModelProposer | CombinedProposer:
+    """The draft method's proposer (method table): the draft model, copying
+    where the context's end is matched deeply (unless ``draft_suffix_depth``
+    is 0); a draft model given as a path or repo id is loaded once per
+    target (``target.remembered``)."""
+    draft = spec.draft
+    if not isinstance(draft, Target):
+        from ..loaders import load
+
+        key = ("draft", str(draft))
+        if key not in target.remembered:
+            target.remembered[key] = load(draft)
+        draft = target.remembered[key]
+    check_compatible(target, draft)
+    copies = spec.draft_suffix_depth > 0
+    model = DraftModelProposer(
+        draft,
+        spec.draft_p_min,
+        lazy_prefill=True,  # the draft model may never run (adaptive K, copies): read the prompt then
+        cost=relative_cost(target, draft),
+        min_prob=spec.draft_min_prob,
+    )
+    if not copies:
+        return model
+    copier = SuffixProposer(
+        SuffixOptions(min_prob=spec.suffix_min_prob), target.memory if spec.memory else None
+    )
+    return CombinedProposer(model, copier, spec.draft_suffix_depth, model_k=spec.draft_length)

@@ -194,34 +194,3 @@ class DraftModelProposer(Proposer):
         self.rt.trim(fed - keep)
         self.cached.extend(drafts[:keep])
         return Draft(drafts, probs, catch_up=len(feed))
-
-
-def build(target: Target, spec) -> DraftModelProposer:
-    """The draft method's proposer (method table); a draft model given as a
-    path or repo id is loaded once per target (``target.remembered``)."""
-    draft = spec.draft
-    if not isinstance(draft, Target):
-        from ..loaders import load
-
-        key = ("draft", str(draft))
-        if key not in target.remembered:
-            target.remembered[key] = load(draft)
-        draft = target.remembered[key]
-    check_compatible(target, draft)
-    copies = spec.draft_suffix_depth > 0
-    model = DraftModelProposer(
-        draft,
-        spec.draft_p_min,
-        lazy_prefill=True,  # the draft model may never run (adaptive K, copies): read the prompt then
-        cost=relative_cost(target, draft),
-        min_prob=spec.draft_min_prob,
-    )
-    if not copies:
-        return model
-    from .combined import CombinedProposer
-    from .suffix import SuffixOptions, SuffixProposer
-
-    copier = SuffixProposer(
-        SuffixOptions(min_prob=spec.suffix_min_prob), target.memory if spec.memory else None
-    )
-    return CombinedProposer(model, copier, spec.draft_suffix_depth, model_k=spec.draft_length)

@@ -1,0 +1,54 @@
+"""GGUF tensor data, each tensor read once: through ``mx.load`` when it reads
+every type of the file, otherwise memory-mapped and copied, then dequantized
+(``gguf_dequant``) or kept quantized as MLX groups (``gguf_quant``)."""
+
+from __future__ import annotations
+
+import mmap
+
+import mlx.core as mx
+import numpy as np
+
+from ..errors import ModelLoadError
+from .gguf_dequant import dequantize
+from .gguf_file import GGUFHeader
+from .gguf_quant import keeps, quantized
+
+#: Tensor types that ``mx.load`` reads correctly (quantized ones as MLX affine
+#: weight/scales/biases, group 32). It also *accepts* some K-quant files but
+#: returns wrong values for them, so any other type goes through numpy.
+MX_LOAD_TYPES = {"F32", "F16", "Q4_0", "Q4_1", "Q8_0"}
+_FLOAT_TYPES = {"F32": "<f4", "F16": "<f2"}
+
+
+def read_tensors(header: GGUFHeader, keep_quantized: bool = False) -> dict[str, mx.array]:
+    """Every tensor, each read once: through ``mx.load`` when it reads all of
+    the file's types (quantized ones stay quantized), otherwise memory-mapped
+    and copied. Quantized tensors then become floats (float32, lazily, by MLX
+    where it can), or with ``keep_quantized`` MLX quantized triples
+    (``NAME.weight``, ``NAME.scales``, ``NAME.biases``) where
+    ``gguf_quant`` can hold their type (the others still become floats)."""
+    path = header.path
+    types = {t.type_name for t in header.tensors.values()}
+    if types <= MX_LOAD_TYPES:
+        try:
+            return mx.load(str(path))
+        except Exception as e:
+            raise ModelLoadError(f"{path}: cannot read its tensors ({e})") from e
+    out = {}
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        for info in header.tensors.values():
+            raw = np.frombuffer(buf, np.uint8, info.nbytes, info.offset)
+            if info.type_name in _FLOAT_TYPES:
+                out[info.name] = mx.array(
+                    raw.view(_FLOAT_TYPES[info.type_name]).reshape(info.shape), dtype=mx.float32
+                )
+            elif keep_quantized and keeps(info.type_name) and info.name.endswith(".weight"):
+                stem = info.name.removesuffix(".weight")
+                triple = quantized(mx.array(raw), info.type_name, info.shape)
+                for kind, value in zip(("weight", "scales", "biases"), triple):
+                    out[f"{stem}.{kind}"] = value
+            else:
+                out[info.name] = dequantize(raw, info)
+            del raw
+    return out
