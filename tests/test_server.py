@@ -362,8 +362,21 @@ def test_models_health_and_metrics(server, client):
 # -- a guarded server: API key, queue limit ---------------------------------------
 @pytest.fixture(scope="module")
 def guarded():
-    with running_server("--api-key", "s3cret", "--max-queue", "1") as s:
+    from hf2q_py.loaders.builtin import builtin_model_path
+
+    with running_server(
+        "--api-key", "s3cret", "--max-queue", "1", "--draft-model", str(builtin_model_path())
+    ) as s:
         yield s
+
+
+def test_a_request_chooses_the_draft_model_the_server_was_started_with(guarded):
+    good = openai.OpenAI(base_url=guarded.base, api_key="s3cret", max_retries=0, timeout=120)
+    plain = chat(good, user(EDIT), max_tokens=24, extra_body={"hf2q": {"method": "baseline"}})
+    drafted = chat(good, user(EDIT), max_tokens=24, extra_body={"hf2q": {"method": "draft:k=4,fixed"}})
+    assert drafted.model_extra["hf2q"]["method"] == "draft:k=4,fixed"
+    assert drafted.model_extra["hf2q"]["drafted"] > 0
+    assert drafted.choices[0].message.content == plain.choices[0].message.content
 
 
 def test_the_api_key_is_needed_everywhere_but_health(guarded):
@@ -443,6 +456,9 @@ def test_a_signal_stops_the_server_cleanly_even_mid_stream(sig):
         (["--method", "bogus"], "unknown method"),
         (["--api-key", ""], "API key"),
         (["--model", "/nonexistent/model.gguf"], "nonexistent"),
+        (["--draft-model", "/nonexistent/draft.gguf"], "nonexistent"),
+        (["--method", "ngram;baseline"], "one method spec"),
+        (["--k", "8", "--method", "baseline"], "--k"),
     ],
 )
 def test_bad_server_flags_are_one_line_errors(flags, says):

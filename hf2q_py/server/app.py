@@ -38,14 +38,15 @@ class ServerConfig:
     """What ``hf2q-py serve`` was started with (besides the model).
 
     ``method``: the default method spec; ``method_options`` its parsed
-    options, with ``draft`` (and ``drafter``) as the server loaded them: a
-    request may choose another method (``"hf2q": {"method": ...}``) but never
-    another model file.
+    options; ``models`` the draft model and DFlash drafter the server
+    loaded. A request may choose another method (``"hf2q": {"method": ...}``),
+    which then uses these, but never another model file.
     """
 
     model_name: str
     method: str = "ngram"
     method_options: dict[str, Any] = field(default_factory=lambda: {"method": "ngram"})
+    models: dict[str, Any] = field(default_factory=dict)  # "draft" (a Target), "drafter" (a folder)
     api_key: str | None = None
     max_tokens: int = 512
     max_context: int | None = None
@@ -145,7 +146,7 @@ class Service:
         for key in ("draft", "drafter"):
             if key in options:
                 raise Hf2qError(f"hf2q.method: {key} is chosen when the server starts, not per request")
-            served = self.config.method_options.get(key)
+            served = self.config.models.get(key)
             if key in method_named(options["method"]).options:
                 if served is None and key == "draft":
                     raise Hf2qError(

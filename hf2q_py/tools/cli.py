@@ -720,30 +720,59 @@ def cmd_ab(args: argparse.Namespace) -> int:
     return 1 if mismatches else 0
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    import hf2q_py
-    from hf2q_py.generation import make_config
-    from hf2q_py.loaders import check_source
-    from hf2q_py.loaders.convert import parse_dtype
-    from hf2q_py.prompt_cache import PromptCache
-    from hf2q_py.server import ServerConfig, serve
-    from hf2q_py.server.main import bind
-    from hf2q_py.validate import check_float
+def serve_method(args: argparse.Namespace):
+    """The server's default method spec, and the model files it serves: the
+    spec's ``draft``/``drafter``, else ``--draft-model``/``--drafter`` (which
+    serve requests choosing those methods even when the default is another)."""
+    from hf2q_py.method_spec import fill_options, parse_methods
+    from hf2q_py.methods import method_named
 
-    spec = parse_command_methods(args.method, args)[0]  # every option is checked before the model loads
-    make_config(max_tokens=args.max_tokens, temperature=args.temp, **spec.options)
-    check_float("temp", args.temp, 0.0, 2.0)
+    specs = parse_methods(args.method)
+    if len(specs) != 1:
+        raise Hf2qError(f"--method takes one method spec, got {len(specs)}")
+    flags = flag_options(args)
+    files = {key: flags.pop(key) for key in ("draft", "drafter") if flags.get(key) is not None}
+    spec = fill_options(specs, flags)[0] if flags else specs[0]
+    for key, value in files.items():
+        if key in method_named(spec.method).options:
+            spec.options.setdefault(key, value)
+    served = {key: spec.options.get(key, files.get(key)) for key in ("draft", "drafter")}
+    return spec, {key: value for key, value in served.items() if value is not None}
+
+
+def api_key(args: argparse.Namespace) -> str | None:
     if args.api_key is not None and args.api_key_file is not None:
         raise Hf2qError("give --api-key or --api-key-file, not both")
     key = args.api_key if args.api_key_file is None else read_text(args.api_key_file, "API key file").strip()
     if key is not None and (not key or not key.isprintable() or not key.isascii()):
         raise Hf2qError("the API key must be printable ASCII text, not empty")
+    return key
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import hf2q_py
+    from hf2q_py.generation import make_config
+    from hf2q_py.loaders import check_source
+    from hf2q_py.loaders.convert import parse_dtype
+    from hf2q_py.method_spec import MethodSpec
+    from hf2q_py.prompt_cache import PromptCache
+    from hf2q_py.server import ServerConfig, serve
+    from hf2q_py.server.main import bind
+    from hf2q_py.validate import check_float
+
+    spec, files = serve_method(args)  # every option is checked before the model loads
+    make_config(max_tokens=args.max_tokens, temperature=args.temp, **spec.options)
+    check_float("temp", args.temp, 0.0, 2.0)
+    key = api_key(args)
     parse_dtype(args.dtype)
     check_source(args.model)
-    check_sources([spec])
+    served = MethodSpec("served", {"method": "draft", **files})
+    check_sources([spec, served])
     sock = bind(args.host, args.port)  # a port in use is refused before the model loads
     target = hf2q_py.load(args.model, dtype=args.dtype)
-    load_drafts([spec], args.dtype)
+    load_drafts([served], args.dtype)
+    if "draft" in spec.options:
+        spec.options["draft"] = served.options["draft"]
     if not args.no_prompt_cache:
         target.prompt_cache = PromptCache(args.prompt_cache_entries, args.prompt_cache_bytes)
     name = args.served_model_name or Path(str(target.source)).name.removesuffix(".gguf")
@@ -751,6 +780,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         model_name=name,
         method=spec.label,
         method_options=spec.options,
+        models={k: v for k, v in served.options.items() if k != "method"},
         api_key=key,
         max_tokens=args.max_tokens,
         max_context=args.max_context,
