@@ -154,7 +154,7 @@ class Service:
                     )
                 if served is None and key == "drafter":
                     raise Hf2qError(
-                        "hf2q.method: this server has no DFlash drafter (start it with --method dflash:drafter=PATH)"
+                        "hf2q.method: this server has no DFlash drafter (start it with --drafter PATH)"
                     )
                 options[key] = served
         return text, options
