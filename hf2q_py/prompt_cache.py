@@ -37,11 +37,6 @@ class Snapshot:
     def nbytes(self) -> int:
         return sum(layer.nbytes for layer in self.layers)
 
-    @property
-    def trimmable(self) -> bool:
-        """Whether every shorter prefix can be rebuilt (full attention only)."""
-        return all(layer.kind == "kv" for layer in self.layers)
-
     def reaches(self, n: int) -> bool:
         """Whether the state after the first ``n`` tokens can be rebuilt exactly."""
         return 0 < n <= len(self.tokens) and all(layer.reaches(n) for layer in self.layers)

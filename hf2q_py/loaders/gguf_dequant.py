@@ -45,14 +45,17 @@ def _q4_1(b: mx.array) -> mx.array:  # d, m, q[16]
     return _f16(b, 0) * _nibbles(b[:, 4:]).astype(mx.float32) + _f16(b, 2)
 
 
+def q5_codes(b: mx.array, qh: int) -> mx.array:
+    """Q5_0/Q5_1 5-bit codes: 4 high bits in ``qh`` (4 bytes at ``qh``), then the nibbles."""
+    return _nibbles(b[:, qh + 4 :]) | (_bits32(b[:, qh : qh + 4]) << 4)
+
+
 def _q5_0(b: mx.array) -> mx.array:  # d, qh[4], q[16] (5-bit, offset 16)
-    q = _nibbles(b[:, 6:]) | (_bits32(b[:, 2:6]) << 4)
-    return _f16(b, 0) * (q.astype(mx.float32) - 16)
+    return _f16(b, 0) * (q5_codes(b, 2).astype(mx.float32) - 16)
 
 
 def _q5_1(b: mx.array) -> mx.array:  # d, m, qh[4], q[16]
-    q = _nibbles(b[:, 8:]) | (_bits32(b[:, 4:8]) << 4)
-    return _f16(b, 0) * q.astype(mx.float32) + _f16(b, 2)
+    return _f16(b, 0) * q5_codes(b, 4).astype(mx.float32) + _f16(b, 2)
 
 
 def _k_scales(s: mx.array) -> tuple[mx.array, mx.array]:
@@ -76,11 +79,16 @@ def _q4_k(b: mx.array) -> mx.array:  # d, dmin, scales[12], qs[128]
     return (d * scales[:, :, None] * q - dmin * mins[:, :, None]).reshape(b.shape[0], 256)
 
 
+def q5_k_codes(b: mx.array) -> mx.array:
+    """Q5_K 5-bit codes (blocks, 8, 32): sub-block s takes bit s of qh[l] as its high bit."""
+    shifts = mx.arange(8, dtype=mx.uint8)[:, None]
+    high = (b[:, None, 16:48] >> shifts) & 1
+    return _k_chunks(b[:, 48:176]) | (high << 4)
+
+
 def _q5_k(b: mx.array) -> mx.array:  # d, dmin, scales[12], qh[32], qs[128]
     scales, mins = _k_scales(b[:, 4:16])
-    shifts = mx.arange(8, dtype=mx.uint8)[:, None]
-    high = (b[:, None, 16:48] >> shifts) & 1  # sub-block s takes bit s of qh[l]
-    q = (_k_chunks(b[:, 48:176]) | (high << 4)).astype(mx.float32)
+    q = q5_k_codes(b).astype(mx.float32)
     d, dmin = _f16(b, 0)[:, :, None], _f16(b, 2)[:, :, None]
     return (d * scales[:, :, None] * q - dmin * mins[:, :, None]).reshape(b.shape[0], 256)
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
-from .gguf_dequant import DECODERS, _bits32, _f16, _k_chunks, _k_scales, _nibbles
+from .gguf_dequant import DECODERS, _f16, _k_chunks, _k_scales, _nibbles, q5_codes, q5_k_codes
 
 GROUP = 32
 
@@ -70,11 +70,11 @@ def _q4_1(b: mx.array) -> Split:
 
 def _q5_0(b: mx.array) -> Split:
     d = _f16(b, 0)
-    return _nibbles(b[:, 6:]) | (_bits32(b[:, 2:6]) << 4), d, -16 * d
+    return q5_codes(b, 2), d, -16 * d
 
 
 def _q5_1(b: mx.array) -> Split:
-    return _nibbles(b[:, 8:]) | (_bits32(b[:, 4:8]) << 4), _f16(b, 0), _f16(b, 2)
+    return q5_codes(b, 4), _f16(b, 0), _f16(b, 2)
 
 
 def _k(b: mx.array, codes: mx.array) -> Split:
@@ -88,9 +88,7 @@ def _q4_k(b: mx.array) -> Split:
 
 
 def _q5_k(b: mx.array) -> Split:
-    shifts = mx.arange(8, dtype=mx.uint8)[:, None]
-    high = (b[:, None, 16:48] >> shifts) & 1  # sub-block s takes bit s of qh[l]
-    return _k(b, _k_chunks(b[:, 48:176]) | (high << 4))
+    return _k(b, q5_k_codes(b))
 
 
 #: type name -> (bits, splitter from blocks to codes, scales, biases)

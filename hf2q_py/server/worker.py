@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -67,7 +66,6 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
-    submitted: float = field(default_factory=time.perf_counter)
 
     def cancel(self) -> None:
         """Stop the generation (within one round) or, if it waits, never start it."""
