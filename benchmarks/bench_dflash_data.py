@@ -26,7 +26,7 @@ import hf2q_py  # noqa: E402  first: OpenBLAS before mlx.core
 import mlx.core as mx  # noqa: E402
 
 from hf2q_py.errors import Hf2qError, run_script  # noqa: E402
-from hf2q_py.proposers.dflash_drafter import drafter_for  # noqa: E402
+from hf2q_py.tools.dflash_make import drafter_for  # noqa: E402
 from hf2q_py.tools import results  # noqa: E402
 from hf2q_py.tools.dflash_data import CapturedPass  # noqa: E402
 from hf2q_py.tools.dflash_train import TrainConfig, target_pass, train  # noqa: E402

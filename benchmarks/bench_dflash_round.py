@@ -24,7 +24,7 @@ import hf2q_py  # noqa: E402  first: OpenBLAS before mlx.core
 import mlx.core as mx  # noqa: E402
 
 from hf2q_py.proposers.dflash import DFlashProposer  # noqa: E402
-from hf2q_py.proposers.dflash_drafter import drafter_for, frequency_vocab  # noqa: E402
+from hf2q_py.tools.dflash_make import drafter_for, frequency_vocab  # noqa: E402
 from hf2q_py.sampling import Greedy  # noqa: E402
 from hf2q_py.tools import results  # noqa: E402
 from hf2q_py.tools.dflash_data import default_prompts  # noqa: E402

@@ -12,13 +12,8 @@ from models import random_prompt, tiny_target
 
 import hf2q_py
 from hf2q_py.tools.cli import main
-from hf2q_py.proposers.dflash_drafter import (
-    TargetHead,
-    check_against_target,
-    drafter_for,
-    load_drafter,
-    save_drafter,
-)
+from hf2q_py.proposers.dflash_drafter import TargetHead, check_against_target, load_drafter
+from hf2q_py.tools.dflash_make import drafter_for, save_drafter
 from hf2q_py.tools.dflash_train import (
     TrainConfig,
     accepted_lengths,

@@ -14,15 +14,8 @@ from hf2q_py.draft_length import FixedK
 from hf2q_py.engine import generate_tokens
 from hf2q_py.errors import Hf2qError, ModelLoadError
 from hf2q_py.proposers.dflash import DFlashProposer
-from hf2q_py.proposers.dflash_drafter import (
-    DraftVocab,
-    TargetHead,
-    drafter_for,
-    frequency_vocab,
-    load_drafter,
-    save_drafter,
-    warm_start_from,
-)
+from hf2q_py.proposers.dflash_drafter import DraftVocab, TargetHead, load_drafter
+from hf2q_py.tools.dflash_make import drafter_for, frequency_vocab, save_drafter, warm_start_from
 from hf2q_py.tools.dflash_data import batched_greedy
 from hf2q_py.tools.dflash_train import TrainConfig, train
 

@@ -9,7 +9,8 @@ from helpers import UNGATED, assert_same_greedy, reference_greedy
 from models import CONFIGS, VOCAB, WRAPPERS, perturbed_target, random_prompt, tiny_target
 
 import hf2q_py
-from hf2q_py.proposers.dflash_drafter import TargetHead, drafter_for
+from hf2q_py.proposers.dflash_drafter import TargetHead
+from hf2q_py.tools.dflash_make import drafter_for
 from hf2q_py.errors import UnsupportedModelError
 from hf2q_py.proposers.layer_skip import LayerSkipProposer
 from hf2q_py.taps import kv_sources

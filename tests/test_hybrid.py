@@ -8,7 +8,7 @@ from mlx_lm.models.cache import ArraysCache, trim_prompt_cache
 from models import HYBRIDS, perturbed_target, random_prompt, tiny_target
 
 import hf2q_py
-from hf2q_py.proposers.dflash_drafter import drafter_for
+from hf2q_py.tools.dflash_make import drafter_for
 from hf2q_py.errors import UnsupportedModelError
 
 ATOL = 1e-4  # batched forwards of different lengths differ by ~1e-5 (BLAS reduction order)

@@ -132,7 +132,7 @@ def test_a_saved_state_is_not_changed_by_the_generations_that_start_from_it():
 
 
 def test_dflash_which_reads_the_prompts_hidden_states_prefills_the_whole_prompt():
-    from hf2q_py.proposers.dflash_drafter import drafter_for
+    from hf2q_py.tools.dflash_make import drafter_for
 
     target = cached_target("llama")
     prompt = random_prompt(24)

@@ -103,7 +103,8 @@ def test_first_tokens_follow_the_target_distribution(setup, method):
     if method.startswith("draft"):
         opts["draft"] = tiny_target("llama", seed=1, scale=2.0)
     if method.startswith("dflash"):
-        from hf2q_py.proposers.dflash_drafter import DraftVocab, drafter_for
+        from hf2q_py.proposers.dflash_drafter import DraftVocab
+        from hf2q_py.tools.dflash_make import drafter_for
 
         opts["drafter"] = drafter_for(target, layers=1, block_size=4, target_layer_ids=[0, 2], seed=1)
         if method == "dflash-vocab":  # q is zero outside the subset, where the target still samples

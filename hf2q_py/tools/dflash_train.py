@@ -44,16 +44,8 @@ from mlx.utils import tree_flatten, tree_unflatten
 from ..draft_length import MAX_K
 from ..errors import Hf2qError
 from ..validate import check_bool, check_float, check_int
-from ..proposers.dflash_drafter import (
-    Drafter,
-    DrafterConfig,
-    TargetHead,
-    default_layer_ids,
-    drafter_for,
-    frequency_vocab,
-    load_drafter,
-    save_drafter,
-)
+from ..proposers.dflash_drafter import Drafter, DrafterConfig, TargetHead, load_drafter
+from .dflash_make import default_layer_ids, drafter_for, frequency_vocab, save_drafter
 
 STATE_DIR = "train-state"
 RUN_FILE = "run.json"  # what the run's data was made from (see run_record)
