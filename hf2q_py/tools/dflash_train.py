@@ -34,6 +34,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 from collections.abc import Callable, Sequence
 
 import mlx.core as mx
@@ -395,68 +396,93 @@ def train(
     cfg.validate()
     cfg.check_target(target)
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
-    out = Path(cfg.out)
     work = state_dir(cfg)
     resume = (work / "trainer.json").is_file()
-    if resume:
-        drafter = load_drafter(out)
-        state = json.loads((work / "trainer.json").read_text())
-        old, dcfg = state["config"], drafter.config
-        if (
-            old["block_size"] != cfg.block_size
-            or old["layers"] != cfg.layers
-            or (
-                cfg.target_layer_ids is not None and list(dcfg.target_layer_ids) != list(cfg.target_layer_ids)
-            )
-            or (cfg.mask_token_id is not None and dcfg.mask_token_id != cfg.mask_token_id)
-        ):
-            raise Hf2qError(f"{out} holds a run with other shapes; use another --out or the same options")
-        if (len(drafter.vocab) if drafter.vocab is not None else None) != cfg.draft_vocab:
-            raise Hf2qError(
-                f"{out} holds a run with another --draft-vocab; use another --out or the same options"
-            )
-    else:
-        drafter = drafter_for(
-            target,
-            layers=cfg.layers,
-            target_layer_ids=cfg.target_layer_ids,
-            block_size=cfg.block_size,
-            mask_token_id=cfg.mask_token_id,
-            seed=cfg.seed,
-            warm_start=cfg.warm_start,
-        )
-        state = {"step": 0, "history": []}
-        if cfg.draft_vocab is not None:  # ranked on the training answers only (the held-out ones excluded)
-            usable = [r["tokens"] for r in rows if len(r["tokens"]) - r["prompt_tokens"] >= 2]
-            drafter.vocab = frequency_vocab(usable[cfg.holdout :], cfg.draft_vocab, drafter.config.vocab_size)
+    drafter, state = resumed_drafter(cfg, work) if resume else new_drafter(target, cfg, rows)
     dcfg = drafter.config
     head = TargetHead(target, dcfg.input_embedding_scale, drafter.vocab)
     vocab_note = f", draft vocabulary {len(drafter.vocab)}" if drafter.vocab is not None else ""
     log(f"features: {len(rows)} sequences, layers {list(dcfg.target_layer_ids)}{vocab_note}")
+    seqs = train_sequences(target, rows, dcfg.target_layer_ids, cfg.hidden_weight)
+    if len(seqs) <= cfg.holdout:
+        raise Hf2qError(f"only {len(seqs)} usable sequences; need more than holdout={cfg.holdout}")
+    opt = optimizer(cfg, drafter, work if resume else None)
+    run = _Run(target, cfg, drafter, head, opt, state, work, log)
+    run_steps(run, seqs[: cfg.holdout], seqs[cfg.holdout :], progress)
+    drafter.eval()
+    return drafter
+
+
+def resumed_drafter(cfg: TrainConfig, work: Path) -> tuple[Drafter, dict]:
+    """The drafter and trainer state of the run in ``cfg.out``, refused when
+    its shapes or draft vocabulary differ from ``cfg``'s."""
+    out = Path(cfg.out)
+    drafter = load_drafter(out)
+    state = json.loads((work / "trainer.json").read_text())
+    old, dcfg = state["config"], drafter.config
+    if (
+        old["block_size"] != cfg.block_size
+        or old["layers"] != cfg.layers
+        or (cfg.target_layer_ids is not None and list(dcfg.target_layer_ids) != list(cfg.target_layer_ids))
+        or (cfg.mask_token_id is not None and dcfg.mask_token_id != cfg.mask_token_id)
+    ):
+        raise Hf2qError(f"{out} holds a run with other shapes; use another --out or the same options")
+    if (len(drafter.vocab) if drafter.vocab is not None else None) != cfg.draft_vocab:
+        raise Hf2qError(
+            f"{out} holds a run with another --draft-vocab; use another --out or the same options"
+        )
+    return drafter, state
+
+
+def new_drafter(target, cfg: TrainConfig, rows: Sequence[dict]) -> tuple[Drafter, dict]:
+    """A fresh drafter for ``cfg`` (its draft vocabulary, if any, ranked on the
+    training answers only, the held-out ones excluded) and an empty state."""
+    drafter = drafter_for(
+        target,
+        layers=cfg.layers,
+        target_layer_ids=cfg.target_layer_ids,
+        block_size=cfg.block_size,
+        mask_token_id=cfg.mask_token_id,
+        seed=cfg.seed,
+        warm_start=cfg.warm_start,
+    )
+    if cfg.draft_vocab is not None:
+        usable = [r["tokens"] for r in rows if len(r["tokens"]) - r["prompt_tokens"] >= 2]
+        drafter.vocab = frequency_vocab(usable[cfg.holdout :], cfg.draft_vocab, drafter.config.vocab_size)
+    return drafter, {"step": 0, "history": []}
+
+
+def train_sequences(
+    target, rows: Sequence[dict], layer_ids: Sequence[int], hidden_weight: float
+) -> list[TrainSequence]:
+    """The rows with at least two answer tokens, with their features: the
+    row's ``"captured"`` pass when taken at ``layer_ids``, else a target pass
+    (final states kept only when ``hidden_weight`` is non-zero)."""
     seqs = []
     for r in rows:
         toks = r["tokens"]
         if len(toks) - r["prompt_tokens"] < 2:
             continue
         cap = r.get("captured")  # taken during generation (dflash_data.self_distill)
-        if cap is not None and list(cap.layer_ids) == list(dcfg.target_layer_ids):
+        if cap is not None and list(cap.layer_ids) == list(layer_ids):
             feats, agrees, finals = cap.features, cap.agrees, cap.finals
         else:
-            feats, agrees, finals = target_pass(target, toks, dcfg.target_layer_ids)
+            feats, agrees, finals = target_pass(target, toks, layer_ids)
         seqs.append(
             TrainSequence(
                 mx.array(toks, dtype=mx.int32),
                 feats,
                 r["prompt_tokens"] - 1,
                 agrees,
-                finals if cfg.hidden_weight else None,
+                finals if hidden_weight else None,
             )
         )
-    if len(seqs) <= cfg.holdout:
-        raise Hf2qError(f"only {len(seqs)} usable sequences; need more than holdout={cfg.holdout}")
-    held, train_seqs = seqs[: cfg.holdout], seqs[cfg.holdout :]
+    return seqs
 
-    # -- optimiser ----------------------------------------------------------------
+
+def optimizer(cfg: TrainConfig, drafter: Drafter, resume_from: Path | None) -> optim.AdamW:
+    """AdamW with a linear warmup and cosine decay; its state read back from
+    ``resume_from`` (a run's state folder) when saved there."""
     schedule = optim.join_schedules(
         [
             optim.linear_schedule(cfg.lr * 0.01, cfg.lr, cfg.warmup),
@@ -465,83 +491,139 @@ def train(
         [cfg.warmup],
     )
     opt = optim.AdamW(learning_rate=schedule, weight_decay=cfg.weight_decay)
-    if resume and (work / "optimizer.safetensors").is_file():
+    if resume_from is not None and (resume_from / "optimizer.safetensors").is_file():
         opt.init(drafter.trainable_parameters())
-        opt.state = tree_unflatten(list(mx.load(str(work / "optimizer.safetensors")).items()))
+        opt.state = tree_unflatten(list(mx.load(str(resume_from / "optimizer.safetensors")).items()))
+    return opt
+
+
+def held_out_mal(drafter: Drafter, head: TargetHead, held: Sequence[TrainSequence]) -> float:
+    """Mean accepted length over 32 fixed random anchors of each held-out
+    sequence (NaN when none has any)."""
+    rng = random.Random(1234)
+    lengths = []
+    for s in held:
+        a = _anchors(rng, s, 32)
+        if a is not None:
+            lengths.append(accepted_lengths(drafter, head, s, a))
+    return mx.concatenate(lengths).astype(mx.float32).mean().item() if lengths else float("nan")
+
+
+def step_anchors(rng: random.Random, seq: TrainSequence, cfg: TrainConfig) -> mx.array | None:
+    """One step's block anchors in ``seq``: in its answer, and a
+    ``prompt_anchors`` share anywhere after the first token (None: no room)."""
+    n_prompt = int(cfg.anchors * cfg.prompt_anchors)
+    parts = [
+        x
+        for x in (_anchors(rng, seq, cfg.anchors - n_prompt), _anchors(rng, seq, n_prompt, start=1))
+        if x is not None and x.size
+    ]
+    return mx.concatenate(parts) if parts else None
+
+
+@dataclass
+class _Run:
+    """What one training run works with (see ``train``)."""
+
+    target: Any
+    cfg: TrainConfig
+    drafter: Drafter
+    head: TargetHead
+    opt: optim.AdamW
+    state: dict  # {"step", "history", "config"}: trainer.json
+    work: Path  # the run's state folder
+    log: Callable[[str], None]
+
+    def evaluate(self, held: Sequence[TrainSequence], step: int, loss: float, t0: float) -> float:
+        """The held-out MAL now, also added to the run's history (with the
+        seconds since ``t0``, the evaluation included)."""
+        self.drafter.eval()
+        mal = held_out_mal(self.drafter, self.head, held)
+        self.drafter.train()
+        seconds = time.perf_counter() - t0
+        self.state["history"].append(
+            {
+                "step": step,
+                "loss": round(loss, 4),
+                "held_out_mal": round(mal, 3),
+                "seconds": round(seconds, 1),
+            }
+        )
+        return mal
+
+    def checkpoint(self, step: int, mal: float | None) -> None:
+        """Save the drafter in ``cfg.out``, and the optimizer and trainer state."""
+        save_drafter(
+            self.drafter,
+            Path(self.cfg.out),
+            extra={"hf2q_training": {"step": step, "held_out_mal": mal, "target": str(self.target.source)}},
+        )
+        mx.save_safetensors(str(self.work / "optimizer.safetensors"), dict(tree_flatten(self.opt.state)))
+        self.state.update(step=step, config=asdict(self.cfg))
+        (self.work / "trainer.json").write_text(json.dumps(self.state, indent=1) + "\n")
+
+
+class _ProgressLine:
+    """The progress bar: redrawn in place on a terminal (at most a few times a
+    second), else logged at each evaluation."""
+
+    def __init__(self, cfg: TrainConfig, log: Callable[[str], None]):
+        self.cfg, self.log = cfg, log
+        self.tty, self.last_draw = sys.stderr.isatty(), 0.0
+
+    def show(self, step: int, loss: float, mal: float | None, sec: float, final: bool) -> None:
+        cfg = self.cfg
+        line = _progress(step, cfg.steps, loss, mal, sec)
+        if self.tty:
+            if time.perf_counter() - self.last_draw > 0.25 or step == cfg.steps:
+                print(line, end="", file=sys.stderr, flush=True)
+                self.last_draw = time.perf_counter()
+            if step % cfg.eval_every == 0:
+                print(file=sys.stderr)
+        elif step % cfg.eval_every == 0 or final:
+            self.log(line.strip())
+
+    def end(self) -> None:
+        if self.tty:
+            print(file=sys.stderr)
+
+
+def run_steps(
+    run: _Run, held: Sequence[TrainSequence], train_seqs: Sequence[TrainSequence], progress: bool
+) -> None:
+    """The optimisation steps from the run's last one to ``cfg.steps`` (or
+    ``cfg.max_minutes``), evaluating and checkpointing as ``cfg`` says."""
+    cfg, drafter, state = run.cfg, run.drafter, run.state
     weights = mx.exp(-mx.arange(cfg.block_size - 1, dtype=mx.float32) / cfg.gamma)
     loss_and_grad = nn.value_and_grad(
-        drafter, lambda m, s, a: block_loss(m, head, s, a, weights, cfg.ce_positions, cfg.hidden_weight)
+        drafter, lambda m, s, a: block_loss(m, run.head, s, a, weights, cfg.ce_positions, cfg.hidden_weight)
     )
     drafter.train()
-
-    def evaluate() -> float:
-        rng = random.Random(1234)
-        lengths = []
-        for s in held:
-            a = _anchors(rng, s, 32)
-            if a is not None:
-                lengths.append(accepted_lengths(drafter, head, s, a))
-        return mx.concatenate(lengths).astype(mx.float32).mean().item() if lengths else float("nan")
-
-    def checkpoint(step: int, mal: float | None) -> None:
-        save_drafter(
-            drafter,
-            out,
-            extra={"hf2q_training": {"step": step, "held_out_mal": mal, "target": str(target.source)}},
-        )
-        mx.save_safetensors(str(work / "optimizer.safetensors"), dict(tree_flatten(opt.state)))
-        state.update(step=step, config=asdict(cfg))
-        (work / "trainer.json").write_text(json.dumps(state, indent=1) + "\n")
-
     rng = random.Random(cfg.seed * 1_000_003 + state["step"])
     mal = state["history"][-1]["held_out_mal"] if state["history"] else None
     smooth, t0, step0 = None, time.perf_counter(), state["step"]
-    tty, last_draw = sys.stderr.isatty(), 0.0
+    shown = _ProgressLine(cfg, run.log) if progress else None
     for step in range(state["step"] + 1, cfg.steps + 1):
         seq = rng.choice(train_seqs)
-        n_prompt = int(cfg.anchors * cfg.prompt_anchors)
-        parts = [
-            x
-            for x in (_anchors(rng, seq, cfg.anchors - n_prompt), _anchors(rng, seq, n_prompt, start=1))
-            if x is not None and x.size
-        ]
-        if not parts:
+        a = step_anchors(rng, seq, cfg)
+        if a is None:
             continue
-        a = mx.concatenate(parts)
         loss, grads = loss_and_grad(drafter, seq, a)
-        opt.update(drafter, grads)
-        mx.eval(drafter.parameters(), opt.state, loss)
+        run.opt.update(drafter, grads)
+        mx.eval(drafter.parameters(), run.opt.state, loss)
         smooth = loss.item() if smooth is None else 0.95 * smooth + 0.05 * loss.item()
         out_of_time = cfg.max_minutes is not None and time.perf_counter() - t0 > cfg.max_minutes * 60
-        if step % cfg.eval_every == 0 or step == cfg.steps or out_of_time:
-            drafter.eval()
-            mal = evaluate()
-            drafter.train()
-            state["history"].append(
-                {
-                    "step": step,
-                    "loss": round(smooth, 4),
-                    "held_out_mal": round(mal, 3),
-                    "seconds": round(time.perf_counter() - t0, 1),
-                }
-            )
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps or out_of_time:
-            checkpoint(step, mal)
-        if progress:
-            sec = (time.perf_counter() - t0) / (step - step0)
-            line = _progress(step, cfg.steps, smooth, mal, sec)
-            if tty:  # redraw in place, at most a few times a second
-                if time.perf_counter() - last_draw > 0.25 or step == cfg.steps:
-                    print(line, end="", file=sys.stderr, flush=True)
-                    last_draw = time.perf_counter()
-                if step % cfg.eval_every == 0:
-                    print(file=sys.stderr)
-            elif step % cfg.eval_every == 0 or step == cfg.steps or out_of_time:
-                log(line.strip())
+        final = step == cfg.steps or out_of_time
+        if step % cfg.eval_every == 0 or final:
+            mal = run.evaluate(held, step, smooth, t0)
+        if step % cfg.checkpoint_every == 0 or final:
+            run.checkpoint(step, mal)
+        if shown is not None:
+            shown.show(step, smooth, mal, (time.perf_counter() - t0) / (step - step0), final)
         if out_of_time:
-            log(f"stopped after {cfg.max_minutes:g} minutes at step {step} (resume with the same command)")
+            run.log(
+                f"stopped after {cfg.max_minutes:g} minutes at step {step} (resume with the same command)"
+            )
             break
-    if progress and tty:
-        print(file=sys.stderr)
-    drafter.eval()
-    return drafter
+    if shown is not None:
+        shown.end()
