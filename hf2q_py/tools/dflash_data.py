@@ -302,77 +302,111 @@ def answer_stream(
     every position of prompt + answer, taken from the generating forwards
     themselves: the training pass over the finished sequences is not needed.
     """
-    from mlx_lm.models.cache import make_prompt_cache
-
     if any(len(prompts[i]) == 0 for i in order):
         raise Hf2qError("cannot answer an empty prompt")
     times = times if times is not None else GenerationTimes()
-    model, eos = target.model, set(target.eos_token_ids)
-    layers = tuple(capture_layers) if capture_layers is not None else None
-    answers = {i: Answer([]) for i in order}
-    # captured pieces per prompt: (features, finals) chunks and greedy choices at prompt positions
-    pieces: dict[int, list[tuple[mx.array, mx.array]]] = {}
-    greedy: dict[int, list[mx.array]] = {}
+    batch = _Batch(target, prompts, order, max_new_tokens, capture_layers, times)
     pending = list(order)[::-1]  # pop() takes the next
-    rows = _Rows()
-    refill = max(
-        1, batch_size // 4
-    )  # free rows worth a prefill (the last prompts enter as soon as any row frees)
-
-    def forward(x: mx.array, cache: list):
-        if layers is None:
-            return model(x, cache=cache), None, None
-        with tapped(model, capture_layers=layers, capture_final=True) as rec:
-            out = model(x, cache=cache)
-        feats = mx.concatenate([rec.layers[i] for i in layers], axis=-1).astype(mx.float16)
-        return out, feats, rec.final.astype(mx.float16)
-
-    def prefill(ids: list[int]) -> None:
-        """Prefill prompt[:-1] of ``ids`` (right-padded) and add them to the rows."""
-        t0 = time.perf_counter()
-        singles = [make_prompt_cache(model) for _ in ids]
-        cache = [singles[0][j].merge([s[j] for s in singles]) for j in range(len(singles[0]))]
-        heads = [list(prompts[i][:-1]) for i in ids]
-        lengths = [len(h) for h in heads]
-        width = max(lengths)
-        if width:
-            pad = [width - n for n in lengths]
-            if max(pad):
-                for c in cache:
-                    c.prepare(lengths=lengths, right_padding=pad)
-            x = mx.array([h + [0] * (width - len(h)) for h in heads], dtype=mx.uint32)
-            step = min(PREFILL_CHUNK, max(16, PREFILL_ROWS // len(ids)))
-            for lo in range(0, width, step):
-                out, feats, finals = forward(x[:, lo : lo + step], cache)
-                state = [c.state for c in cache]
-                if layers is not None:
-                    choice = mx.argmax(out, axis=-1)
-                    mx.eval(state, feats, finals, choice)
-                    for r, i in enumerate(ids):
-                        n = min(lengths[r], lo + step) - lo
-                        if n > 0:
-                            pieces.setdefault(i, []).append((feats[r, :n], finals[r, :n]))
-                            greedy.setdefault(i, []).append(choice[r, :n])
-                else:
-                    mx.eval(state)
-            if max(pad):
-                for c in cache:
-                    c.finalize()
-                mx.eval([c.state for c in cache])
-            times.prefill_tokens += len(ids) * width
-        t1 = time.perf_counter()
-        times.prefill += t1 - t0
-        rows.add(cache, ids, [prompts[i][-1] for i in ids])
+    # free rows worth a prefill (the last prompts enter as soon as any row frees)
+    refill = max(1, batch_size // 4)
+    while pending or batch.rows.ids:
+        free = batch_size - len(batch.rows.ids)
+        if pending and (free >= min(refill, len(pending)) or not batch.rows.ids):
+            for group in length_groups([pending.pop() for _ in range(min(free, len(pending)))], prompts):
+                batch.prefill(group)
+        done, t1 = batch.decode_step()
+        for i in done:
+            a = batch.finish(i)
+            times.other += time.perf_counter() - t1
+            yield i, a
+            t1 = time.perf_counter()
         times.other += time.perf_counter() - t1
 
-    while pending or rows.ids:
-        free = batch_size - len(rows.ids)
-        if pending and (free >= min(refill, len(pending)) or not rows.ids):
-            for group in length_groups([pending.pop() for _ in range(min(free, len(pending)))], prompts):
-                prefill(group)
+
+class _Batch:
+    """The continuous batch of one ``answer_stream``: its rows, their answers
+    so far and, with capture, the pieces of their training pass."""
+
+    def __init__(
+        self,
+        target,
+        prompts: Sequence[Sequence[int]],
+        order: Sequence[int],
+        max_new_tokens: int,
+        capture_layers: Sequence[int] | None,
+        times: GenerationTimes,
+    ):
+        self.model, self.eos = target.model, set(target.eos_token_ids)
+        self.prompts, self.max_new_tokens, self.times = prompts, max_new_tokens, times
+        self.layers = tuple(capture_layers) if capture_layers is not None else None
+        self.answers = {i: Answer([]) for i in order}
+        # captured pieces per prompt: (features, finals) chunks and greedy choices at prompt positions
+        self.pieces: dict[int, list[tuple[mx.array, mx.array]]] = {}
+        self.greedy: dict[int, list[mx.array]] = {}
+        self.rows = _Rows()
+
+    def forward(self, x: mx.array, cache: list) -> tuple[mx.array, mx.array | None, mx.array | None]:
+        """(logits, features, final states) of one forward; without capture
+        only the logits."""
+        if self.layers is None:
+            return self.model(x, cache=cache), None, None
+        with tapped(self.model, capture_layers=self.layers, capture_final=True) as rec:
+            out = self.model(x, cache=cache)
+        feats = mx.concatenate([rec.layers[i] for i in self.layers], axis=-1).astype(mx.float16)
+        return out, feats, rec.final.astype(mx.float16)
+
+    def prefill(self, ids: list[int]) -> None:
+        """Prefill prompt[:-1] of ``ids`` (right-padded) and add them to the rows."""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        t0 = time.perf_counter()
+        singles = [make_prompt_cache(self.model) for _ in ids]
+        cache = [singles[0][j].merge([s[j] for s in singles]) for j in range(len(singles[0]))]
+        heads = [list(self.prompts[i][:-1]) for i in ids]
+        if max(len(h) for h in heads):
+            self._prefill_heads(ids, heads, cache)
+        t1 = time.perf_counter()
+        self.times.prefill += t1 - t0
+        self.rows.add(cache, ids, [self.prompts[i][-1] for i in ids])
+        self.times.other += time.perf_counter() - t1
+
+    def _prefill_heads(self, ids: list[int], heads: list[list[int]], cache: list) -> None:
+        """Run the (non-empty) prompt heads through ``cache`` in chunks,
+        right-padded to the longest, keeping captured pieces."""
+        lengths = [len(h) for h in heads]
+        width = max(lengths)
+        pad = [width - n for n in lengths]
+        if max(pad):
+            for c in cache:
+                c.prepare(lengths=lengths, right_padding=pad)
+        x = mx.array([h + [0] * (width - len(h)) for h in heads], dtype=mx.uint32)
+        step = min(PREFILL_CHUNK, max(16, PREFILL_ROWS // len(ids)))
+        for lo in range(0, width, step):
+            out, feats, finals = self.forward(x[:, lo : lo + step], cache)
+            state = [c.state for c in cache]
+            if self.layers is None:
+                mx.eval(state)
+                continue
+            choice = mx.argmax(out, axis=-1)
+            mx.eval(state, feats, finals, choice)
+            for r, i in enumerate(ids):
+                n = min(lengths[r], lo + step) - lo
+                if n > 0:
+                    self.pieces.setdefault(i, []).append((feats[r, :n], finals[r, :n]))
+                    self.greedy.setdefault(i, []).append(choice[r, :n])
+        if max(pad):
+            for c in cache:
+                c.finalize()
+            mx.eval([c.state for c in cache])
+        self.times.prefill_tokens += len(ids) * width
+
+    def decode_step(self) -> tuple[list[int], float]:
+        """One token for every row; returns the prompts whose answers ended and
+        the time the step's forward finished."""
+        rows, times = self.rows, self.times
         t0 = time.perf_counter()
         x = mx.array(rows.inputs, dtype=mx.uint32)[:, None]
-        out, feats, finals = forward(x, rows.cache)
+        out, feats, finals = self.forward(x, rows.cache)
         nxt = mx.argmax(out[:, -1], axis=-1)
         mx.eval(nxt, feats, finals, [c.state for c in rows.cache])
         toks = nxt.tolist()
@@ -380,32 +414,38 @@ def answer_stream(
         times.decode += t1 - t0
         times.steps += 1
         times.rows += len(rows.ids)
-        keep, done = [], []
+        done = self._advance(toks, feats, finals)
+        if times.steps % 256 == 0:
+            mx.clear_cache()
+        return done, t1
+
+    def _advance(self, toks: list[int], feats: mx.array | None, finals: mx.array | None) -> list[int]:
+        """Append each row's token (keeping its captured states); rows at EOS
+        or their budget leave. Returns the prompts that left."""
+        rows, keep, done = self.rows, [], []
         for r, (i, tok) in enumerate(zip(rows.ids, toks)):
-            if layers is not None:
-                pieces.setdefault(i, []).append((feats[r], finals[r]))
-            if rows.closing[r] or tok in eos:
+            if self.layers is not None:
+                self.pieces.setdefault(i, []).append((feats[r], finals[r]))
+            if rows.closing[r] or tok in self.eos:
                 done.append(i)
                 continue
-            answers[i].tokens.append(tok)
+            self.answers[i].tokens.append(tok)
             rows.inputs[r] = tok
-            if len(answers[i].tokens) >= max_new_tokens:
-                if layers is None:
+            if len(self.answers[i].tokens) >= self.max_new_tokens:
+                if self.layers is None:
                     done.append(i)
                     continue
                 rows.closing[r] = True  # one more step captures the last token's states
             keep.append(r)
         rows.keep(keep)
-        if times.steps % 256 == 0:
-            mx.clear_cache()
-        for i in done:
-            a = answers.pop(i)
-            if layers is not None:
-                _attach_capture(a, prompts[i], pieces.pop(i), greedy.pop(i, []))
-            times.other += time.perf_counter() - t1
-            yield i, a
-            t1 = time.perf_counter()
-        times.other += time.perf_counter() - t1
+        return done
+
+    def finish(self, i: int) -> Answer:
+        """The finished answer to prompt ``i``, with its capture joined."""
+        a = self.answers.pop(i)
+        if self.layers is not None:
+            _attach_capture(a, self.prompts[i], self.pieces.pop(i), self.greedy.pop(i, []))
+        return a
 
 
 def entry_order(prompts: Sequence[Sequence[int]], window: int) -> list[int]:
@@ -488,40 +528,53 @@ def self_distill(
     ``dflash_train.train`` uses instead of a separate target pass."""
     from ..generation import encode_prompt
 
-    rows: list[dict] = []
-    if path.exists():
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = _read_rows(path)
     start = len(rows)
     if start >= len(prompts):
         return rows[: len(prompts)]
     ids = [encode_prompt(target, p, True) for p in prompts[start:]]
     window = 1 if batch_size == 1 else 4 * batch_size
-    order = entry_order(ids, window)
     stream = answer_stream(
         target,
         ids,
-        order,
+        entry_order(ids, window),
         max_new_tokens=max_new_tokens,
         batch_size=batch_size,
         capture_layers=capture_layers,
         times=times,
     )
-    t0, finished, written, n_tokens = time.perf_counter(), {}, 0, 0
+    t0, n_tokens = time.perf_counter(), 0
     with path.open("a") as f:
-        for i, a in stream:
-            finished[i] = a
-            while written in finished:
-                p, a = ids[written], finished.pop(written)
-                row = {"prompt_tokens": len(p), "tokens": p + a.tokens}
-                f.write(json.dumps(row) + "\n")
-                f.flush()
-                if capture_layers is not None:
-                    row["captured"] = CapturedPass(tuple(capture_layers), a.features, a.agrees, a.finals)
-                rows.append(row)
-                written += 1
-                n_tokens += len(a.tokens)
-                if written % window == 0 or written == len(ids):
-                    rate = (time.perf_counter() - t0) / written
-                    log(f"data {start + written}/{len(prompts)}: {n_tokens} tokens ({rate:.1f} s/answer)")
-                    n_tokens = 0
+        for written, a in enumerate(_in_prompt_order(stream), 1):
+            p = ids[written - 1]
+            row = {"prompt_tokens": len(p), "tokens": p + a.tokens}
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            if capture_layers is not None:
+                row["captured"] = CapturedPass(tuple(capture_layers), a.features, a.agrees, a.finals)
+            rows.append(row)
+            n_tokens += len(a.tokens)
+            if written % window == 0 or written == len(ids):
+                rate = (time.perf_counter() - t0) / written
+                log(f"data {start + written}/{len(prompts)}: {n_tokens} tokens ({rate:.1f} s/answer)")
+                n_tokens = 0
     return rows[: len(prompts)]
+
+
+def _read_rows(path: Path) -> list[dict]:
+    """The rows already written to the JSONL file ``path`` (none if it does not exist)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _in_prompt_order(stream: Iterator[tuple[int, Answer]]) -> Iterator[Answer]:
+    """The answers of ``stream`` in prompt order (0, 1, ...), each as soon as
+    every earlier prompt's has come."""
+    finished: dict[int, Answer] = {}
+    written = 0
+    for i, a in stream:
+        finished[i] = a
+        while written in finished:
+            yield finished.pop(written)
+            written += 1
