@@ -7,11 +7,15 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 from collections.abc import Sequence
 
 from ..errors import Hf2qError, one_line
 from .files import check_writable, read_prompts, read_text, write_text
 from ..validate import check_unicode
+
+if TYPE_CHECKING:
+    from .dflash_train import TrainConfig
 
 _NO_OPENBLAS_BOOT = (
     "import sys, warnings; "
@@ -197,9 +201,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``hf2q-py`` parser: one subcommand per entry of ``COMMANDS``."""
     parser = _Parser(prog="hf2q-py", description="Speculative decoding on MLX.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    add_generate_parser(sub)
+    add_ab_parser(sub)
+    add_bench_parser(sub)
+    add_train_dflash_parser(sub)
+    add_serve_parser(sub)
+    return parser
 
+
+def add_generate_parser(sub: argparse._SubParsersAction) -> None:
+    """``hf2q-py generate``."""
     g = sub.add_parser("generate", help="generate text from a prompt")
     add_model_args(g)
     g.add_argument("--prompt", default=None)
@@ -211,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     g.add_argument("--profile", action="store_true", help="print one line per round to stderr")
 
+
+def add_ab_parser(sub: argparse._SubParsersAction) -> None:
+    """``hf2q-py ab``."""
     a = sub.add_parser("ab", help="compare methods with plain greedy decoding token by token")
     add_model_args(a)
     a.add_argument(
@@ -230,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--json", action="store_true", help="print the results as JSON")
     a.add_argument("--markdown", default=None, help="also write the table to this file")
 
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    """``hf2q-py bench``."""
     b = sub.add_parser("bench", help="methods vs plain decoding on real workloads (Markdown table)")
     add_model_args(b)
     b.add_argument(
@@ -257,6 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--chart", default=None, help="write a PNG chart here (needs matplotlib)")
 
+
+def add_train_dflash_parser(sub: argparse._SubParsersAction) -> None:
+    """``hf2q-py train-dflash``: the run and its data, the drafter's shape,
+    the training."""
     t = sub.add_parser("train-dflash", help="train a DFlash block drafter for a model by self-distillation")
     t.add_argument("--target", default=None, help="target model (as --model); default: the built-in model")
     t.add_argument("--dtype", default="auto", help="target dtype (as for generate)")
@@ -279,6 +303,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--samples", type=_positive_int, default=240, help="prompts the target answers for training data"
     )
     t.add_argument("--max-new-tokens", type=_positive_int, default=256, help="length of each answer")
+    _add_drafter_shape_args(t)
+    _add_training_args(t)
+    t.add_argument("--no-openblas", action="store_true", help=argparse.SUPPRESS)
+
+
+def _add_drafter_shape_args(t: argparse.ArgumentParser) -> None:
+    """train-dflash: the new drafter's layers, block and conditioning."""
     t.add_argument("--layers", type=_positive_int, default=2, help="drafter decoder layers")
     t.add_argument(
         "--block-size",
@@ -294,6 +325,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--mask-token-id", type=int, default=None, help="token id used as the mask (default: the last id)"
     )
+
+
+def _add_training_args(t: argparse.ArgumentParser) -> None:
+    """train-dflash: steps, losses, evaluation, checkpoints, and the drafter's
+    vocabulary and start."""
     t.add_argument("--steps", type=_positive_int, default=3000)
     t.add_argument("--anchors", type=_positive_int, default=16, help="blocks per step")
     t.add_argument("--lr", type=float, default=2e-3)
@@ -332,9 +368,6 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--gen-batch", type=_positive_int, default=8, help="answers decoded at a time for the training data"
     )
-    t.add_argument("--no-openblas", action="store_true", help=argparse.SUPPRESS)
-    add_serve_parser(sub)
-    return parser
 
 
 def _byte_size(text: str) -> int:
@@ -361,7 +394,7 @@ def _port(text: str) -> int:
     return value
 
 
-def add_serve_parser(sub) -> None:
+def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat and text completions)")
     add_model_args(s)
     s.add_argument(
@@ -424,41 +457,11 @@ def add_serve_parser(sub) -> None:
 def cmd_train_dflash(args: argparse.Namespace) -> int:
     import hf2q_py
     from hf2q_py.tools.dflash_data import default_prompts, self_distill
-    from hf2q_py.tools.dflash_train import TrainConfig, prepare_out, run_record, train
+    from hf2q_py.tools.dflash_train import prepare_out, run_record, train
     from hf2q_py.loaders import check_source
     from hf2q_py.loaders.convert import parse_dtype
 
-    layer_ids = None
-    if args.target_layers is not None:
-        try:
-            layer_ids = [int(x) for x in args.target_layers.split(",") if x.strip()]
-        except ValueError:
-            raise Hf2qError(
-                f"--target-layers must be comma-separated integers, got {args.target_layers!r}"
-            ) from None
-    cfg = TrainConfig(
-        out=args.out,
-        layers=args.layers,
-        block_size=args.block_size,
-        target_layer_ids=layer_ids,
-        mask_token_id=args.mask_token_id,
-        samples=args.samples,
-        max_new_tokens=args.max_new_tokens,
-        steps=args.steps,
-        anchors=args.anchors,
-        lr=args.lr,
-        holdout=args.holdout,
-        eval_every=args.eval_every,
-        ce_positions=None if args.ce_positions == -1 else args.ce_positions,
-        hidden_weight=args.hidden_weight,
-        checkpoint_every=args.checkpoint_every,
-        seed=args.seed,
-        max_minutes=args.max_minutes,
-        overwrite=args.overwrite,
-        draft_vocab=args.draft_vocab,
-        warm_start=args.warm_start,
-        gen_batch=args.gen_batch,
-    )
+    cfg = train_config(args)
     cfg.validate()
     parse_dtype(args.dtype)
     check_source(args.target)
@@ -482,6 +485,45 @@ def cmd_train_dflash(args: argparse.Namespace) -> int:
     train(target, cfg, rows, log=log)
     print(f"drafter written to {args.out} (use: hf2q-py generate --method dflash --drafter {args.out})")
     return 0
+
+
+def train_config(args: argparse.Namespace) -> TrainConfig:
+    """The ``TrainConfig`` of train-dflash's flags (not yet validated)."""
+    from hf2q_py.tools.dflash_train import TrainConfig
+
+    return TrainConfig(
+        out=args.out,
+        layers=args.layers,
+        block_size=args.block_size,
+        target_layer_ids=_layer_ids(args.target_layers),
+        mask_token_id=args.mask_token_id,
+        samples=args.samples,
+        max_new_tokens=args.max_new_tokens,
+        steps=args.steps,
+        anchors=args.anchors,
+        lr=args.lr,
+        holdout=args.holdout,
+        eval_every=args.eval_every,
+        ce_positions=None if args.ce_positions == -1 else args.ce_positions,
+        hidden_weight=args.hidden_weight,
+        checkpoint_every=args.checkpoint_every,
+        seed=args.seed,
+        max_minutes=args.max_minutes,
+        overwrite=args.overwrite,
+        draft_vocab=args.draft_vocab,
+        warm_start=args.warm_start,
+        gen_batch=args.gen_batch,
+    )
+
+
+def _layer_ids(text: str | None) -> list[int] | None:
+    """``--target-layers`` (comma-separated integers) as a list; None when not given."""
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise Hf2qError(f"--target-layers must be comma-separated integers, got {text!r}") from None
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
