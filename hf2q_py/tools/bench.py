@@ -77,15 +77,7 @@ def run_bench(
     common = dict(common or {})
     rows: list[BenchRow] = []
     for w in workloads:
-        runs: dict[str, list] = {"baseline": []}
-        for m in methods:
-            runs[m.label] = []
-        for r in range(repeats):
-            order = [("baseline", {"method": "baseline"})] + [(m.label, m.options) for m in methods]
-            if r % 2:
-                order.reverse()
-            for label, opts in order:
-                runs[label].append(_run_session(target, w, max_tokens, {**common, **opts}))
+        runs = _alternating_runs(target, w, methods, max_tokens, repeats, common)
         for j in range(1 + len(w.then)):
             name, ids, _ = runs["baseline"][0][j]
             base = [x[j][2] for x in runs["baseline"]]
@@ -93,33 +85,75 @@ def run_bench(
             log(f"{name}: {len(ids)} prompt tokens, baseline {base_rate:.1f} tok/s")
             for m in methods:
                 res = [x[j][2] for x in runs[m.label]]
-                rate = _median([x.stats.tokens_per_second for x in res])
-                s = res[0].stats
-                sampled = common.get("temperature", 0) > 0
-                ident = None if sampled else res[0].tokens == base[0].tokens
-                row = BenchRow(
-                    name,
-                    w.kind,
-                    m.label,
-                    len(res[0].tokens),
-                    rate,
-                    base_rate,
-                    s.acceptance_rate,
-                    s.mean_accepted_length,
-                    ident,
-                    drafted_per_accepted=s.drafted / s.accepted if s.accepted else 0.0,
-                )
-                if ident is False:
-                    a, b = res[0].tokens, base[0].tokens
-                    i = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
-                    row.first_diff = i
-                    row.margin = top2_margin(target, ids + b[:i])
+                row = _method_row(target, w, m, name, ids, res, base, base_rate, common)
                 rows.append(row)
+                s = res[0].stats
                 log(
-                    f"  {m.label}: {rate:.1f} tok/s ({row.speedup:.2f}x), acceptance {s.acceptance_rate:.0%}, "
-                    f"mean accepted length {s.mean_accepted_length:.2f}, identical={ident}"
+                    f"  {m.label}: {row.tok_s:.1f} tok/s ({row.speedup:.2f}x), "
+                    f"acceptance {s.acceptance_rate:.0%}, mean accepted length {s.mean_accepted_length:.2f}, "
+                    f"identical={row.identical}"
                 )
     return rows
+
+
+def _alternating_runs(
+    target: Target,
+    w: Workload,
+    methods: Sequence[MethodSpec],
+    max_tokens: int,
+    repeats: int,
+    common: dict[str, Any],
+) -> dict[str, list]:
+    """``repeats`` sessions of ``w`` per method label ("baseline" included),
+    the order of methods reversed every other repeat."""
+    runs: dict[str, list] = {"baseline": []}
+    for m in methods:
+        runs[m.label] = []
+    for r in range(repeats):
+        order = [("baseline", {"method": "baseline"})] + [(m.label, m.options) for m in methods]
+        if r % 2:
+            order.reverse()
+        for label, opts in order:
+            runs[label].append(_run_session(target, w, max_tokens, {**common, **opts}))
+    return runs
+
+
+def _method_row(
+    target: Target,
+    w: Workload,
+    m: MethodSpec,
+    name: str,
+    ids: list[int],
+    res: list,
+    base: list,
+    base_rate: float,
+    common: dict[str, Any],
+) -> BenchRow:
+    """The row of method ``m`` on request ``name``: ``res`` and ``base`` are
+    its and the baseline's results over the repeats; where greedy outputs
+    differ, the first differing position and the target's top-2 margin there."""
+    rate = _median([x.stats.tokens_per_second for x in res])
+    s = res[0].stats
+    sampled = common.get("temperature", 0) > 0
+    ident = None if sampled else res[0].tokens == base[0].tokens
+    row = BenchRow(
+        name,
+        w.kind,
+        m.label,
+        len(res[0].tokens),
+        rate,
+        base_rate,
+        s.acceptance_rate,
+        s.mean_accepted_length,
+        ident,
+        drafted_per_accepted=s.drafted / s.accepted if s.accepted else 0.0,
+    )
+    if ident is False:
+        a, b = res[0].tokens, base[0].tokens
+        i = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
+        row.first_diff = i
+        row.margin = top2_margin(target, ids + b[:i])
+    return row
 
 
 def _median(xs: list[float]) -> float:

@@ -7,7 +7,7 @@ installed packages (summaries and questions), fresh code and open prose
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -50,97 +50,110 @@ def _package_doc(package: str, filename: str, max_chars: int = 4000) -> str:
     return path.read_text(encoding="utf-8")[:max_chars] if path.is_file() else ""
 
 
+#: The second edit of the agent session, applied to the answer to the first.
+EDIT_AGAIN = "Add type hints to this function. Reply with the full function only.\n\n{answer}"
+
+#: The workloads of ``default_workloads``, their prompts as templates: ``{median}``
+#: and the like stand for the texts of ``_quoted_texts``.
+WORKLOAD_TEMPLATES = (
+    Workload(
+        "code: type hints (statistics.median)",
+        "code",
+        "Add type hints to this function. Reply with the full function only.\n\n```python\n{median}```",
+    ),
+    Workload(
+        "code: rename (textwrap.dedent)",
+        "code",
+        "Rename the variable `margin` to `common_prefix` throughout this function. "
+        "Reply with the full function only.\n\n```python\n{dedent}```",
+    ),
+    Workload(
+        "code: docstring (shlex.split)",
+        "code",
+        "Rewrite this function with a longer docstring that explains each argument. "
+        "Reply with the full function only.\n\n```python\n{split}```",
+    ),
+    Workload(
+        "code: rename (heapq.nsmallest)",
+        "code",
+        "Rename `result` to `smallest` in this function. Reply with the full function only.\n\n"
+        "```python\n{nsmallest}```",
+    ),
+    Workload(
+        "code: comments (statistics.variance)",
+        "code",
+        "Add a short comment above each line of this function. Reply with the code only.\n\n"
+        "```python\n{variance}```",
+    ),
+    Workload(
+        "agent: rename (textwrap.indent)",
+        "agent",
+        "Rename `predicate` to `should_indent` in this function. Reply with the full function only.\n\n"
+        "```python\n{indent}```",
+        then=(("type hints", EDIT_AGAIN), ("retry", None)),
+    ),
+    Workload(
+        "code: re-emit with one change (json.dumps)",
+        "code",
+        "Change the default of `sort_keys` to True in this function and reply with the full "
+        "function, unchanged otherwise.\n\n```python\n{dumps}```",
+    ),
+    Workload(
+        "doc: summarise (mlx-lm server guide)",
+        "doc",
+        "Summarise this document in a few bullet points, quoting its commands exactly.\n\n{readme}",
+    ),
+    Workload(
+        "doc: question (mlx-lm LoRA guide)",
+        "doc",
+        "{lora}\n\nUsing the document above, list the command-line flags it mentions and what each does.",
+    ),
+    Workload(
+        "doc: question (json module docstring)",
+        "doc",
+        "{json_doc}\n\nShow how to encode and decode a dictionary, using the examples above.",
+    ),
+    Workload(
+        "fresh: ini parser",
+        "fresh",
+        "Write a Python function `parse_ini(text: str) -> dict[str, dict[str, str]]` that parses "
+        "INI-style text into sections of key-value pairs, skipping comments. Include a docstring.",
+    ),
+    Workload(
+        "fresh: lru cache",
+        "fresh",
+        "Write a Python class `LRUCache` with `get` and `put` methods and a fixed capacity, "
+        "using only the standard library, with type hints.",
+    ),
+    Workload(
+        "prose: story",
+        "prose",
+        "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    ),
+    Workload("prose: explain", "prose", "Explain to a child why the sky is blue and why sunsets are red."),
+)
+
+
+def _quoted_texts() -> dict[str, str]:
+    """The real texts the workload prompts quote, by template field."""
+    json_doc = __import__("json").__doc__ or ""
+    return {
+        "dedent": _source("textwrap", "dedent"),
+        "median": _source("statistics", "median"),
+        "nsmallest": _source("heapq", "nsmallest"),
+        "variance": _source("statistics", "variance"),
+        "split": _source("shlex", "split"),
+        "readme": _package_doc("mlx_lm", "SERVER.md") or json_doc,
+        "lora": _package_doc("mlx_lm", "LORA.md") or (__import__("argparse").__doc__ or ""),
+        "json_doc": json_doc,
+        "indent": _source("textwrap", "indent"),
+        "dumps": _source("json", "dumps"),
+    }
+
+
 def default_workloads() -> list[Workload]:
     """Fourteen prompts: 5 code edits, an agent session (an edit, a second
     edit of the answer, the second one retried), a file re-emitted with one
     change, 3 document tasks, 2 fresh code and 2 open prose."""
-    dedent = _source("textwrap", "dedent")
-    median = _source("statistics", "median")
-    nsmallest = _source("heapq", "nsmallest")
-    variance = _source("statistics", "variance")
-    split = _source("shlex", "split")
-    readme = _package_doc("mlx_lm", "SERVER.md") or (__import__("json").__doc__ or "")
-    lora = _package_doc("mlx_lm", "LORA.md") or (__import__("argparse").__doc__ or "")
-    json_doc = __import__("json").__doc__ or ""
-    indent = _source("textwrap", "indent")
-    dumps = _source("json", "dumps")
-    edit2 = "Add type hints to this function. Reply with the full function only.\n\n{answer}"
-    return [
-        Workload(
-            "code: type hints (statistics.median)",
-            "code",
-            f"Add type hints to this function. Reply with the full function only.\n\n```python\n{median}```",
-        ),
-        Workload(
-            "code: rename (textwrap.dedent)",
-            "code",
-            f"Rename the variable `margin` to `common_prefix` throughout this function. "
-            f"Reply with the full function only.\n\n```python\n{dedent}```",
-        ),
-        Workload(
-            "code: docstring (shlex.split)",
-            "code",
-            f"Rewrite this function with a longer docstring that explains each argument. "
-            f"Reply with the full function only.\n\n```python\n{split}```",
-        ),
-        Workload(
-            "code: rename (heapq.nsmallest)",
-            "code",
-            f"Rename `result` to `smallest` in this function. Reply with the full function only.\n\n"
-            f"```python\n{nsmallest}```",
-        ),
-        Workload(
-            "code: comments (statistics.variance)",
-            "code",
-            f"Add a short comment above each line of this function. Reply with the code only.\n\n"
-            f"```python\n{variance}```",
-        ),
-        Workload(
-            "agent: rename (textwrap.indent)",
-            "agent",
-            f"Rename `predicate` to `should_indent` in this function. Reply with the full function only.\n\n"
-            f"```python\n{indent}```",
-            then=(("type hints", edit2), ("retry", None)),
-        ),
-        Workload(
-            "code: re-emit with one change (json.dumps)",
-            "code",
-            f"Change the default of `sort_keys` to True in this function and reply with the full "
-            f"function, unchanged otherwise.\n\n```python\n{dumps}```",
-        ),
-        Workload(
-            "doc: summarise (mlx-lm server guide)",
-            "doc",
-            f"Summarise this document in a few bullet points, quoting its commands exactly.\n\n{readme}",
-        ),
-        Workload(
-            "doc: question (mlx-lm LoRA guide)",
-            "doc",
-            f"{lora}\n\nUsing the document above, list the command-line flags it mentions and what each does.",
-        ),
-        Workload(
-            "doc: question (json module docstring)",
-            "doc",
-            f"{json_doc}\n\nShow how to encode and decode a dictionary, using the examples above.",
-        ),
-        Workload(
-            "fresh: ini parser",
-            "fresh",
-            "Write a Python function `parse_ini(text: str) -> dict[str, dict[str, str]]` that parses "
-            "INI-style text into sections of key-value pairs, skipping comments. Include a docstring.",
-        ),
-        Workload(
-            "fresh: lru cache",
-            "fresh",
-            "Write a Python class `LRUCache` with `get` and `put` methods and a fixed capacity, "
-            "using only the standard library, with type hints.",
-        ),
-        Workload(
-            "prose: story",
-            "prose",
-            "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-        ),
-        Workload(
-            "prose: explain", "prose", "Explain to a child why the sky is blue and why sunsets are red."
-        ),
-    ]
+    texts = _quoted_texts()
+    return [replace(w, prompt=w.prompt.format(**texts)) for w in WORKLOAD_TEMPLATES]
