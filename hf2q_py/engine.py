@@ -20,7 +20,7 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import mlx.core as mx
 
-from .draft_length import AdaptiveK, FixedK, NoDrafts
+from .draft_length import NoDrafts, Policy, build_policy
 from .errors import Hf2qError
 from .proposers.base import Draft, PlainDecoding, Proposer
 from .sampling import Greedy
@@ -37,7 +37,7 @@ def generate_tokens(
     *,
     max_tokens: int,
     proposer: Proposer | None = None,
-    policy: FixedK | AdaptiveK | NoDrafts | None = None,
+    policy: Policy | None = None,
     eos_token_ids: Sequence[int] = (),
     stats: GenerationStats | None = None,
     on_round: Callable[[Round], None] | None = None,
@@ -49,7 +49,7 @@ def generate_tokens(
     ``decider`` turns logits into tokens and judges drafts: greedy by
     default, or a ``Sampler`` (lossless speculative sampling). With no
     proposer this is plain decoding; a proposer without a ``policy`` gets an
-    adaptive K of at most 8. ``plain_first_token``: the first round is a
+    adaptive K of at most 8 (or its profile's ``min_k``) from its declared profile. ``plain_first_token``: the first round is a
     single-token decode, so the first token comes after one decode instead
     of a wider verify (a stream's time to first token).
 
@@ -63,7 +63,7 @@ def generate_tokens(
         raise Hf2qError(f"max_tokens must be >= 1, got {max_tokens}")
     proposer = proposer or PlainDecoding()
     if policy is None:
-        policy = AdaptiveK(DEFAULT_POLICY_K) if proposer.active else NoDrafts()
+        policy = build_policy(proposer.profile, DEFAULT_POLICY_K) if proposer.active else NoDrafts()
     stats = stats if stats is not None else GenerationStats()
     decider = decider or Greedy()
     eos = set(eos_token_ids)
@@ -74,7 +74,7 @@ def generate_tokens(
     stats.cached_tokens = rt.offset
     hidden = _prefill(rt, prompt, proposer.capture_layers)
     stats.prefill_seconds = time.perf_counter() - t0
-    t_start = time.perf_counter()
+    t_start = rt.clock()
     loop = _Loop(rt, proposer, policy, decider, prompt, max_tokens, stats)
     loop.plain_first_token = plain_first_token
     proposer.start(rt, prompt, hidden, decider)
@@ -103,7 +103,7 @@ def generate_tokens(
             if stats.rounds % CLEAR_CACHE_EVERY == 0:
                 mx.clear_cache()
     finally:
-        stats.decode_seconds = time.perf_counter() - t_start
+        stats.decode_seconds = rt.clock() - t_start
         # Leave the cache holding exactly the committed tokens but the last.
         extra = rt.offset - (len(loop.tokens) - 1)
         if extra > 0:
@@ -170,6 +170,7 @@ class _Loop:
 
     def __init__(self, rt, proposer, policy, decider, prompt, max_tokens, stats):
         self.rt, self.proposer, self.policy, self.decider = rt, proposer, policy, decider
+        self.clock = rt.clock
         self.capture = tuple(proposer.capture_layers)
         self.tokens = list(prompt)
         self.max_tokens, self.stats = max_tokens, stats
@@ -198,7 +199,7 @@ class _Loop:
     # -- rounds ----------------------------------------------------------------
     def speculate(self) -> Step | None:
         """A verify round; with nothing drafted, queue a decode and return None."""
-        t0 = time.perf_counter()
+        t0 = self.clock()
         predrafted = self.ready is not None
         if predrafted:
             (key, draft), self.ready = self.ready, None
@@ -207,17 +208,17 @@ class _Loop:
         else:
             key = self._key()
             k, draft = self._propose(key)
-        tv = time.perf_counter()
+        tv = self.clock()
         self.propose_seconds += tv - t0
         if not draft:
             self.queued = self._queue(self.tokens[-1], 0, since=tv)
             return None
         fwd = self.rt.verify([self.tokens[-1], *draft.tokens], capture_layers=self.capture)
-        mx.eval(fwd.logits)
-        ts = time.perf_counter()
+        self.rt.wait(fwd.logits)
+        ts = self.clock()
         n, t = self.decider.verify(fwd.logits, self.tokens, draft.tokens, draft.probs)
         self.rt.trim(len(draft) - n)
-        te = time.perf_counter()
+        te = self.clock()
         r = Round(k=k, drafted=len(draft), accepted=n, key=key, cost_seconds=ts - t0,
                   catch_up=self.catch_up, propose_seconds=self._take_propose_seconds(),
                   verify_seconds=ts - tv, sample_seconds=te - ts, predrafted=predrafted)  # fmt: skip
@@ -226,11 +227,12 @@ class _Loop:
     def decode(self) -> Step:
         """A decode round: queue the next decode if the pipeline allows, then
         read the queued one's token."""
-        tv = time.perf_counter()
+        tv = self.clock()
         q = self.queued
         following = self._queue(q.token, 1, since=0.0, chained=True) if self._may_chain() else None
+        self.rt.wait(q.token)
         y = q.token.item()
-        ts = time.perf_counter()
+        ts = self.clock()
         if following is not None:
             following.since = ts
         self.queued = following
@@ -238,25 +240,31 @@ class _Loop:
                   propose_seconds=self._take_propose_seconds(),
                   verify_seconds=ts - tv, restarted=not q.chained,
                   chain_end=q.chained and following is None)  # fmt: skip
+        self._judge_early(r, y)
         return r, [y], q.hidden
 
+    def _judge_early(self, r: Round, token: int) -> None:
+        """Drafts made while this decode ran: kept, less their first, when its
+        token confirms that one (greedy); else the round reports them rejected."""
+        early, self.early = self.early, None
+        if early is None or not self.decider.cfg.greedy:
+            return
+        key, draft = early
+        if draft.tokens[0] == token:
+            self.ready = (key, draft.tail()) if len(draft) > 1 else None
+        else:
+            r.early_key, r.early_rejected = key, len(draft)
+
     def after(self, r: Round, hidden: dict[int, Any]) -> None:
-        """Once a round's tokens are committed: confirm early drafts, update the
-        proposer, and draft early while a decode is in flight."""
-        if self.early is not None and self.decider.cfg.greedy:
-            (key, draft), self.early = self.early, None
-            if draft.tokens[0] == self.tokens[-1]:  # the decode confirmed the first draft
-                self.ready = (key, draft.tail()) if len(draft) > 1 else None
-            else:  # the decode rejected them: the policy learns it as from a verify
-                self.policy.observe(len(draft), 0, key)
-        self.early = None
+        """Once a round's tokens are committed: update the proposer, and draft
+        early while a decode is in flight."""
         self.proposer.update(self.tokens, r.drafted, r.accepted, hidden)
         if self.queued is not None and not self.proposer.uses_target_cache:
-            t0 = time.perf_counter()
+            t0 = self.clock()
             key = self._key()
             _, draft = self._propose(key)
             self.early = (key, draft) if draft else None  # drafts end the chain
-            self.propose_seconds += time.perf_counter() - t0
+            self.propose_seconds += self.clock() - t0
 
     # -- helpers ---------------------------------------------------------------
     def _queue(self, token: int | mx.array, ahead: int, since: float, chained: bool = False) -> _Queued:

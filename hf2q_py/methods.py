@@ -13,16 +13,15 @@ import importlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from .draft_length import MAX_K, AdaptiveK, FixedK, NoDrafts, Timings, validate_k
+from .draft_length import MAX_K, NoDrafts, Policy, Timings, build_policy, validate_k
 from .errors import Hf2qError
 from .proposers.ngram import DEFAULT_MAX_N, MAX_NGRAM, validate_ngram
 from .proposers.suffix import SuffixOptions
 from .validate import check_bool, check_float, check_int, check_skip_layers
 
 if TYPE_CHECKING:
-    from .config import SpecConfig
     from .proposers.base import Proposer
     from .target import Target
 
@@ -285,6 +284,50 @@ def method_named(name: Any) -> Method:
     return method
 
 
+def _default(name: str) -> Any:
+    return OPTIONS[name].default
+
+
+@dataclass
+class SpecConfig:
+    """Which proposer drafts, and how much: a ``method`` of the method table
+    (``hf2q_py.methods``) and its options, one field each; the table holds
+    the defaults, ranges and which method takes which option.
+
+    ``k`` is the (maximum) draft length, by default the method's (32 for the
+    n-gram suffix proposer, 16 for prompt lookup and the draft model, 8 otherwise); ``adaptive``
+    lets the engine choose K in [0, k] each round from measured acceptance
+    and cost.
+    """
+
+    method: str = "baseline"
+    k: int | None = _default("k")
+    adaptive: bool = _default("adaptive")
+    ngram_min: int = _default("ngram_min")
+    ngram_max: int = _default("ngram_max")
+    draft: Any = _default("draft")  # draft model: a Target or a load() source
+    draft_min_prob: float = _default("draft_min_prob")  # draft method: end a draft below this probability
+    draft_p_min: float = _default("draft_p_min")
+    draft_suffix_depth: int = _default(
+        "draft_suffix_depth"
+    )  # draft method: copy where the match is this deep
+    skip_layers: Sequence[int] | str | None = _default("skip_layers")
+    drafter: Any = _default("drafter")  # DFlash block drafter: a Drafter or a folder path
+    ngram_proposer: str = _default("ngram_proposer")  # "suffix" (automaton) or "lookup" (prompt lookup)
+    memory: bool = _default("memory")  # suffix proposer: draft from the Target's earlier generations
+    suffix_min_prob: float = _default(
+        "suffix_min_prob"
+    )  # suffix proposer: stop a draft below this probability
+
+    def validate(self) -> None:
+        validate_spec(self)
+
+    @property
+    def draft_length(self) -> int:
+        """``k``, or the method's default when it is None."""
+        return self.k if self.k is not None else method_named(self.method).k_for(self)
+
+
 def validate_spec(spec: SpecConfig) -> None:
     """Every option's type and range, no option of another method, the
     method's required options, then its checks across options."""
@@ -321,16 +364,15 @@ def allowed(method: Method) -> str:
     return ", ".join([*method.options, *words])
 
 
-def build_proposer(
-    target: Target, spec: SpecConfig, *, seeded_sampling: bool = False
-) -> tuple[Proposer, FixedK | AdaptiveK | NoDrafts]:
-    """The proposer and draft-length policy for ``spec``. ``seeded_sampling``:
-    the run must repeat exactly, so a proposer that drafts from
-    distributions gets a K that does not depend on timings, nor on the
-    Target's memory of earlier generations (which random draws a position
-    uses depends on whether and from where it was drafted). An adaptive K
-    times its rounds into the Target's ``Timings`` for the method (kept in
-    ``target.remembered``), so later generations start from them."""
+def build_proposer(target: Target, spec: SpecConfig, *, seeded_sampling: bool = False) -> tuple[Proposer, Policy]:
+    """The proposer and draft-length policy for ``spec``, the policy made from
+    the proposer's declared ``profile``. ``seeded_sampling``: the run must
+    repeat exactly, so a proposer that drafts from distributions gets a K
+    that does not depend on timings, nor on the Target's memory of earlier
+    generations (which random draws a position uses depends on whether and
+    from where it was drafted). An adaptive K times its rounds into the
+    Target's ``Timings`` for the method (``target.kept.timings``), so later
+    generations start from them."""
     spec.validate()
     method = method_named(spec.method)
     if method.build is None:
@@ -340,10 +382,7 @@ def build_proposer(
     if seeded_sampling and method.draws_drafts and spec.memory:
         spec = replace(spec, memory=False)
     proposer = method.builder()(target, spec)
-    k = max(spec.draft_length, proposer.min_k_cap)
-    policy = AdaptiveK(k, timed=not (seeded_sampling and method.draws_drafts)) if spec.adaptive else FixedK(k)
-    if isinstance(policy, AdaptiveK):
-        policy.timings = target.remembered.setdefault(("timings", spec.method), Timings())
-        policy.key_priors = dict(proposer.key_priors)
-        proposer.tune(policy)
+    timings = target.kept.timings.setdefault(spec.method, Timings()) if spec.adaptive else None
+    timed = not (seeded_sampling and method.draws_drafts)
+    policy = build_policy(proposer.profile, spec.draft_length, adaptive=spec.adaptive, timed=timed, timings=timings)
     return proposer, policy

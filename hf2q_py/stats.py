@@ -9,13 +9,14 @@ from collections.abc import Hashable
 
 @dataclass
 class Round:
-    """One round after prefill, as the statistics, the draft-length policy and
-    the ``on_round`` profiling hook see it.
+    """One round after prefill: what the loop did and measured, as the
+    statistics, the draft-length policy and the ``on_round`` hook see it.
 
     A round is one target forward: a single-token decode (``drafted`` 0) or a
-    batched verify of ``drafted + 1`` tokens. ``cost_seconds`` is the wall
-    time the draft-length policy charges to it (drafting included; for a
-    pipelined decode, from the moment it could start running).
+    batched verify of ``drafted + 1`` tokens. ``cost_seconds``: wall time
+    from when its forward could start (for a verify, from drafting; for a
+    pipelined decode, when the decode before it was read) to when its
+    result was read.
     """
 
     index: int = 0
@@ -25,13 +26,15 @@ class Round:
     emitted: int = 0
     key: Hashable = None
     cost_seconds: float = 0.0
-    propose_seconds: float = 0.0
+    propose_seconds: float = 0.0  # drafting (and drafts tried) since the round before
     verify_seconds: float = 0.0
     sample_seconds: float = 0.0
     catch_up: int = 0  # committed tokens the proposer read before drafting (a draft model's catch-up)
     predrafted: bool = False  # its drafts were made during the decode before it (timed there)
     restarted: bool = False  # a decode not overlapped with the round before it (not pipelined)
     chain_end: bool = False  # a pipelined decode that queued no next decode (its timing is partial)
+    early_key: Hashable = None  # the key of drafts made while this decode ran ...
+    early_rejected: int = 0  # ... and how many, when this decode's token rejected the first
 
     @property
     def forward_tokens(self) -> int:

@@ -9,8 +9,9 @@ same forward. All results are lazy MLX arrays.
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Hashable, Sequence
 
@@ -38,6 +39,28 @@ class Forward:
     final: mx.array | None = None
 
 
+@dataclass
+class Kept:
+    """What generations on one Target keep for later ones, by kind."""
+
+    #: Adaptive K's forward timings (``draft_length.Timings``), per method.
+    timings: dict[str, Any] = field(default_factory=dict)
+    #: Draft models loaded from a path or repo id, by source.
+    draft_models: dict[str, Target] = field(default_factory=dict)
+    #: DFlash drafters loaded from a folder, by folder.
+    drafters: dict[str, Any] = field(default_factory=dict)
+    #: A DFlash drafter's draft vocabulary and the target's output rows for
+    #: it, by the vocabulary's identity.
+    draft_heads: dict[Hashable, Any] = field(default_factory=dict)
+    #: Layer skip's measured choice per recipe ("auto"): a skip set, or None
+    #: when no skip set beat plain decoding.
+    skip_sets: dict[str, list[int] | None] = field(default_factory=dict)
+
+    def clear(self) -> None:
+        for d in (self.timings, self.draft_models, self.drafters, self.draft_heads, self.skip_sets):
+            d.clear()
+
+
 class Target:
     """A language model and its tokenizer, ready for generation.
 
@@ -55,11 +78,9 @@ class Target:
         self._decoder = find_decoder(model)
         #: Token ids that end generation (from the tokenizer; may be replaced).
         self.eos_token_ids: set[int] = set(tokenizer.eos_token_ids) if tokenizer is not None else set()
-        #: What generations on this target keep for later ones: draft models and
-        #: DFlash drafters loaded from a path, layer skip's measured choice,
-        #: what its forwards cost per width (adaptive K's ``Timings``, per method).
-        #: ``target.remembered.clear()`` forgets them (and frees the models).
-        self.remembered: dict[Hashable, Any] = {}
+        #: What generations on this target keep for later ones (``kept.clear()``
+        #: forgets it and frees the models).
+        self.kept = Kept()
         #: Earlier generations, drafted from by the n-gram method's suffix
         #: proposer (``memory=False`` turns it off; ``memory.clear()`` empties it).
         self.memory = DraftMemory()
@@ -151,6 +172,9 @@ class Runtime:
     roll back the last ``rollback`` positions of short forwards.
     """
 
+    #: What the engine times rounds with (a recorded runtime models time instead).
+    clock = staticmethod(time.perf_counter)
+
     def __init__(self, target: Target, slack: int = DEFAULT_SLACK, rollback: int | None = None):
         self.target = target
         self.model = target.model
@@ -235,6 +259,11 @@ class Runtime:
     def verify(self, tokens: Sequence[int], **kw) -> Forward:
         """Batched forward of ``[last, d1..dK]``: (K+1, vocab) logits, one per position."""
         return self.forward(tokens, logits="all", **kw)
+
+    def wait(self, result: mx.array) -> None:
+        """Block until ``result``, the output of the oldest forward not yet
+        waited for, is computed."""
+        mx.eval(result)
 
     def trim(self, n: int, skip_layers: Sequence[int] = ()) -> None:
         """Drop the last ``n`` positions from the cache (exact on every layer

@@ -152,7 +152,7 @@ def test_layer_skip_auto_is_lossless_and_remembers_its_choice(monkeypatch):
     want = baseline(target, prompt, 60)
     r = hf2q_py.generate(target, prompt, max_tokens=60, method="layerskip", skip_layers="auto", k=4)
     assert_same_greedy(target.model, prompt, r.tokens, want)
-    assert LayerSkipProposer.MEMORY_KEY in target.remembered  # calibrated once ...
+    assert "auto" in target.kept.skip_sets  # calibrated once ...
     again = LayerSkipProposer(target, "auto")
     assert again.trials == []  # ... and the next run starts with the choice
 

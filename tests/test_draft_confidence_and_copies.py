@@ -5,13 +5,15 @@ both stay lossless, and a copy costs no draft-model forward."""
 import math
 
 import mlx.core as mx
+from dataclasses import replace
+
 import pytest
 from helpers import assert_same_greedy
 from models import random_prompt, tiny_target
 
 import hf2q_py
 from hf2q_py.config import SpecConfig
-from hf2q_py.draft_length import AdaptiveK
+from hf2q_py.draft_length import AdaptiveK, DraftProfile
 from hf2q_py.errors import Hf2qError
 from hf2q_py.methods import build_proposer
 from hf2q_py.proposers.combined import MODEL_KEY, CombinedProposer
@@ -168,9 +170,9 @@ def test_the_copy_option_builds_a_combined_proposer_with_a_larger_cap():
         target, SpecConfig(method="draft", draft=draft, k=4, draft_suffix_depth=3)
     )
     assert isinstance(proposer, CombinedProposer) and proposer.model_k == 4 and proposer.min_depth == 3
-    assert isinstance(policy, AdaptiveK) and policy.k_max >= 16 and policy.split_drafting
+    assert isinstance(policy, AdaptiveK) and policy.k_max >= 16 and policy.profile.split_drafting
     assert (
-        policy.draft_cost_priors[("copy", (4, False))] == 0.0 and 0 < policy.draft_cost_priors[MODEL_KEY] <= 1
+        policy.profile.draft_cost_priors[("copy", (4, False))] == 0.0 and 0 < policy.profile.draft_cost_priors[MODEL_KEY] <= 1
     )
     default, _ = build_proposer(target, SpecConfig(method="draft", draft=draft))
     assert isinstance(default, CombinedProposer) and default.min_depth == 4  # copies by default
@@ -194,7 +196,7 @@ def timed_round(k, accepted, verify_s, propose_s, key=None):
 
 
 def test_split_drafting_charges_drafting_per_token_and_speculates_from_the_first_round():
-    policy = AdaptiveK(8, split_drafting=True, prior_rate=0.9, draft_cost_priors={None: 0.3})
+    policy = AdaptiveK(8, DraftProfile(split_drafting=True, prior_rate=0.9, draft_cost_priors={None: 0.3}))
     assert policy.next_k() > 0  # no plain decode is needed to start
     # a draft model accepted every time; target forwards cost 1.0 s + 0.05 s per extra token,
     # drafting 0.1 s per token: more drafts keep paying, so K climbs to the cap
@@ -207,10 +209,10 @@ def test_split_drafting_charges_drafting_per_token_and_speculates_from_the_first
 def test_split_drafting_drafts_less_when_drafting_is_dear():
     ks = {}
     for per_token in (0.05, 0.6):
-        policy = AdaptiveK(8, split_drafting=True, key_priors={"x": 0.7})
+        policy = AdaptiveK(8, DraftProfile(split_drafting=True, key_priors={"x": 0.7}))
         policy.update(Round(cost_seconds=1.0))  # a plain decode: 1 s
         policy.update(timed_round(4, 4, 1.2, per_token * 4))  # a verify of 5 tokens: 1.2 s
-        assert policy.draft_cost() == pytest.approx(per_token)
+        assert policy.cost_model.draft_cost() == pytest.approx(per_token)
         ks[per_token] = policy.next_k("x")  # drafts right 70% of the time
     assert ks[0.05] > ks[0.6] >= 1
 
@@ -225,8 +227,7 @@ def real_pair_round(k: int, accepted: int) -> Round:
 def test_one_late_rejection_does_not_pin_a_draft_models_k():
     # a draft model right 95% of the time; its first probe at K=2 loses the second draft
     proposer = DraftModelProposer(draft=None, cost=0.3)
-    policy = AdaptiveK(8)
-    proposer.tune(policy)
+    policy = AdaptiveK(8, proposer.profile)
     policy.update(real_pair_round(2, 1))
     ks = []
     for i in range(30):
@@ -238,11 +239,11 @@ def test_one_late_rejection_does_not_pin_a_draft_models_k():
 
 
 def test_draft_positions_share_one_rate_for_geometric_keys_only():
-    policy = AdaptiveK(8, geometric_keys=frozenset({"model"}))
+    policy = AdaptiveK(8, DraftProfile(geometric_keys=frozenset({"model"})))
     policy.observe(2, 1, "model")  # first accepted, second rejected
     policy.observe(2, 1, "copy")
-    assert len(set(policy.rates("model"))) == 1
-    assert policy.rates("copy")[1] < policy.rates("copy")[0]
+    assert len(set(policy.acceptance.rates("model"))) == 1
+    assert policy.acceptance.rates("copy")[1] < policy.acceptance.rates("copy")[0]
 
 
 def test_a_draft_models_catch_up_on_the_prompt_is_not_charged_as_drafting_cost():
@@ -251,17 +252,18 @@ def test_a_draft_models_catch_up_on_the_prompt_is_not_charged_as_drafting_cost()
     # it priced the draft model out for the rest of the generation (traced on the real pair)
     target = tiny_target("llama", seed=0, scale=2.0)
     _, policy = build_proposer(target, SpecConfig(method="draft", draft=tiny_target("llama", seed=1)))
-    policy.draft_cost_priors[MODEL_KEY] = 0.3  # a draft model a third of the target's size
+    priors = {**policy.profile.draft_cost_priors, MODEL_KEY: 0.3}  # a draft model a third of the target's size
+    policy = AdaptiveK(policy.k_max, replace(policy.profile, draft_cost_priors=priors))
     policy.update(Round(cost_seconds=0.87))  # a plain decode
     first = timed_round(2, 2, 1.08, 2.5, key=MODEL_KEY)
     first.catch_up = 221
     policy.update(first)
-    assert policy.draft_cost(MODEL_KEY) == 0.3  # still the prior
+    assert policy.cost_model.draft_cost(MODEL_KEY) == 0.3  # still the prior
     assert policy.next_k(MODEL_KEY) >= 2
     routine = timed_round(4, 4, 1.2, 0.8, key=MODEL_KEY)
     routine.catch_up = 2  # the bonus token and the last draft: a routine round is a sample
     policy.update(routine)
-    assert policy.draft_cost(MODEL_KEY) == pytest.approx(0.8 / 4 / 0.87)
+    assert policy.cost_model.draft_cost(MODEL_KEY) == pytest.approx(0.8 / 4 / 0.87)
 
 
 def test_a_draft_model_reports_the_tokens_it_caught_up_on():
@@ -279,10 +281,10 @@ def test_drafts_made_during_a_decode_are_not_a_sample_of_drafting_cost():
     # traced on the built-in model drafting for itself: a probe drafted during a decode
     # (timed with that decode) and verified next round with no drafting time of its own
     # read as free drafting, and the next round drafted 8 tokens at the full price
-    policy = AdaptiveK(8, split_drafting=True, draft_cost_priors={None: 1.0})
+    policy = AdaptiveK(8, DraftProfile(split_drafting=True, draft_cost_priors={None: 1.0}))
     policy.update(Round(cost_seconds=0.08))
     policy.update(Round(k=2, drafted=1, accepted=1, cost_seconds=0.09, verify_seconds=0.09, predrafted=True))
-    assert policy.draft_cost() == 1.0
+    assert policy.cost_model.draft_cost() == 1.0
     assert policy.next_k() == 0  # a draft as dear as the target never pays
 
 
@@ -294,7 +296,7 @@ def test_drafting_during_a_decode_is_not_charged_as_a_pipeline_break():
     policy.update(Round(cost_seconds=0.08, restarted=True))
     policy.update(Round(cost_seconds=0.08))
     policy.update(Round(k=2, drafted=2, accepted=2, cost_seconds=0.1, verify_seconds=0.1))
-    assert policy.restart_cost() < 0.05
+    assert policy.cost_model.restart_cost() < 0.05
 
 
 def test_drafting_during_a_decode_is_what_a_probe_costs():
@@ -302,4 +304,4 @@ def test_drafting_during_a_decode_is_what_a_probe_costs():
     for _ in range(5):
         policy.update(Round(cost_seconds=0.08))
     policy.update(Round(cost_seconds=0.30, propose_seconds=0.16, chain_end=True))
-    assert policy.excess() == pytest.approx(0.16 / 0.08)
+    assert policy.cost_model.excess() == pytest.approx(0.16 / 0.08)

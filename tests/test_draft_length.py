@@ -3,7 +3,7 @@ acceptance and measured round cost (per draft key when the proposer has one)."""
 
 import pytest
 
-from hf2q_py.draft_length import AdaptiveK, FixedK
+from hf2q_py.draft_length import AdaptiveK, DraftProfile, FixedK
 from hf2q_py.errors import Hf2qError
 from hf2q_py.stats import Round
 
@@ -45,11 +45,11 @@ def test_before_anything_is_timed_k_follows_the_prior_costs():
     Drafts with nothing known about them wait for a timed plain decode."""
     priors = {"likely": 0.9, "unlikely": 0.05}
     assert (
-        AdaptiveK(8, key_priors=priors).next_k("likely")
-        == AdaptiveK(8, key_priors=priors).best_k("likely")
+        AdaptiveK(8, DraftProfile(key_priors=priors)).next_k("likely")
+        == AdaptiveK(8, DraftProfile(key_priors=priors)).best_k("likely")
         > 0
     )
-    assert AdaptiveK(8, key_priors=priors).next_k("unlikely") == 0
+    assert AdaptiveK(8, DraftProfile(key_priors=priors)).next_k("unlikely") == 0
     assert AdaptiveK(8).next_k() == 0 < AdaptiveK(8).best_k()
 
 
@@ -65,15 +65,15 @@ def test_drafts_that_are_never_right_fall_back_to_plain_decoding_with_rare_probe
     ks = play(policy, lambda k: 0, 300)
     late = ks[100:]
     assert late.count(0) >= 0.97 * len(late)
-    assert set(late) <= {0, policy.probe_k}
-    assert policy.cooldown == policy.max_cooldown  # failed probes back off
+    assert set(late) <= {0, policy.probes.probe_k}
+    assert policy.probes.cooldown == policy.probes.max_cooldown  # failed probes back off
 
 
 def test_drafts_that_could_not_pay_even_if_all_were_accepted_are_never_probed():
     """A draft model as dear as its target (one drafting for itself) decodes
     plainly throughout; a cheap one whose drafts fail is still probed."""
-    dear = AdaptiveK(8, split_drafting=True, prior_rate=0.95, draft_cost_priors={None: 1.0})
-    cheap = AdaptiveK(8, split_drafting=True, prior_rate=0.95, draft_cost_priors={None: 0.1})
+    dear = AdaptiveK(8, DraftProfile(split_drafting=True, prior_rate=0.95, draft_cost_priors={None: 1.0}))
+    cheap = AdaptiveK(8, DraftProfile(split_drafting=True, prior_rate=0.95, draft_cost_priors={None: 0.1}))
     assert not dear.could_pay() and cheap.could_pay()
     assert set(play(dear, lambda k: 0, 300)) == {0}
     late = play(cheap, lambda k: 0, 300)[100:]
@@ -104,7 +104,7 @@ def test_a_new_key_starts_from_the_pooled_rates():
 def test_a_key_prior_sets_where_a_new_key_starts():
     """A proposer that knows its deep matches are usually right says so: that
     key starts with long drafts, an unknown key with the pooled guess."""
-    policy = AdaptiveK(16, key_priors={"deep": 0.97})
+    policy = AdaptiveK(16, DraftProfile(key_priors={"deep": 0.97}))
     policy.update(Round(cost_seconds=seconds(1)))
     first = policy.next_k("deep")
     assert first >= 8
@@ -118,16 +118,16 @@ def test_a_measured_pipeline_restart_stands_weak_drafts_down():
     what the decodes around the break cost beyond as many pipelined decodes
     is charged to drafting: a draft that saves less is not made, a strong
     one still is."""
-    policy = AdaptiveK(16, key_priors={"weak": 0.45, "strong": 0.95})
+    policy = AdaptiveK(16, DraftProfile(key_priors={"weak": 0.45, "strong": 0.95}))
     policy.update(Round(cost_seconds=DECODE_S))  # a pipelined decode
-    assert policy.next_k("weak") > 0 and policy.restart_cost() == 0.0
+    assert policy.next_k("weak") > 0 and policy.cost_model.restart_cost() == 0.0
     policy.update(Round(drafted=1, accepted=0, key="other", cost_seconds=seconds(2)))
     policy.update(Round(cost_seconds=2.5 * DECODE_S, restarted=True))  # the restart ran two forwards
     policy.update(Round(cost_seconds=0.5 * DECODE_S))  # so the next decode had little left to do
     policy.update(Round(cost_seconds=DECODE_S))  # pipelined again: the break cost 1 decode extra
-    assert policy.restart_cost() == pytest.approx(1.0)
-    assert policy.time(1) == pytest.approx(DECODE_S)  # the decodes of the break are not the yardstick
-    assert policy.cost(2) == pytest.approx(1.1 + 1.0)  # measured: 1.1 decodes, plus the break
+    assert policy.cost_model.restart_cost() == pytest.approx(1.0)
+    assert policy.cost_model.time(1) == pytest.approx(DECODE_S)  # the decodes of the break are not the yardstick
+    assert policy.cost_model.cost(2) == pytest.approx(1.1 + 1.0)  # measured: 1.1 decodes, plus the break
     assert policy.next_k("weak") == 0
     assert policy.next_k("strong") >= 8
 
@@ -141,7 +141,7 @@ def test_a_break_by_early_drafts_is_timed_from_the_chains_last_decode():
     policy.update(Round(cost_seconds=2.3 * DECODE_S, restarted=True))
     policy.update(Round(cost_seconds=DECODE_S))
     policy.update(Round(cost_seconds=DECODE_S))
-    assert policy.restart_cost() == pytest.approx(0.5)
+    assert policy.cost_model.restart_cost() == pytest.approx(0.5)
 
 
 def test_untimed_policies_ignore_the_restart():
@@ -150,15 +150,15 @@ def test_untimed_policies_ignore_the_restart():
     policy.update(Round(cost_seconds=5 * DECODE_S, restarted=True))
     policy.update(Round(cost_seconds=DECODE_S))
     policy.update(Round(cost_seconds=DECODE_S))
-    assert policy.restart_cost() == 0.0
+    assert policy.cost_model.restart_cost() == 0.0
 
 
 def test_a_key_prior_can_set_the_first_position_apart():
     """A prior (first, later) models drafts whose first token is the risky
     one: a weak first token stands a key down even when later ones are sure."""
-    policy = AdaptiveK(16, key_priors={"weak start": (0.2, 0.95), "strong start": (0.9, 0.95)})
+    policy = AdaptiveK(16, DraftProfile(key_priors={"weak start": (0.2, 0.95), "strong start": (0.9, 0.95)}))
     policy.update(Round(cost_seconds=seconds(1)))
-    assert policy.rates("weak start")[:3] == [0.2, 0.95, 0.95]
+    assert policy.acceptance.rates("weak start")[:3] == [0.2, 0.95, 0.95]
     assert policy.next_k("weak start") < policy.next_k("strong start")
 
 
@@ -171,10 +171,10 @@ def test_unmeasured_widths_follow_the_measured_ones():
     policy.update(
         Round(drafted=8, accepted=8, cost_seconds=DECODE_S * 1.3)
     )  # measured: 9 tokens cost 1.3 decodes (prior: 1.96)
-    assert policy.cost(9) == pytest.approx(1.3)
-    assert policy.cost(17) == pytest.approx(1.3 * policy.prior_cost(17) / policy.prior_cost(9))
-    assert policy.cost(7) == pytest.approx(max(1.0, 1.3 * policy.prior_cost(7) / policy.prior_cost(9)))
-    assert AdaptiveK(32).cost(17) == pytest.approx(AdaptiveK(32).prior_cost(17))  # nothing measured
+    assert policy.cost_model.cost(9) == pytest.approx(1.3)
+    assert policy.cost_model.cost(17) == pytest.approx(1.3 * policy.cost_model.prior_cost(17) / policy.cost_model.prior_cost(9))
+    assert policy.cost_model.cost(7) == pytest.approx(max(1.0, 1.3 * policy.cost_model.prior_cost(7) / policy.cost_model.prior_cost(9)))
+    assert AdaptiveK(32).cost_model.cost(17) == pytest.approx(AdaptiveK(32).cost_model.prior_cost(17))  # nothing measured
 
 
 def simulate(policy, draft_cost: float, p_accept: float, tokens: int, seed: int = 0) -> float:
@@ -215,8 +215,8 @@ def test_the_cool_down_after_a_failed_probe_grows_with_its_measured_cost():
     cheap, costly = AdaptiveK(8), AdaptiveK(8)
     simulate(cheap, 0.0, 0.0, 200)
     simulate(costly, 2.0, 0.0, 200)
-    assert costly.probe_excess == pytest.approx(2.0 + 0.1 * cheap.probe_k, rel=0.2)
-    assert costly.cooldown >= costly.probe_excess / costly.probe_budget > cheap.cooldown
+    assert costly.cost_model.probe_excess == pytest.approx(2.0 + 0.1 * cheap.probes.probe_k, rel=0.2)
+    assert costly.probes.cooldown >= costly.cost_model.probe_excess / costly.probes.probe_budget > cheap.probes.cooldown
 
 
 def test_a_good_costly_proposer_still_drafts():
@@ -232,6 +232,6 @@ def test_timings_shared_between_policies_carry_what_was_measured():
     first = AdaptiveK(16)
     first.update(Round(cost_seconds=DECODE_S))
     first.update(Round(drafted=15, accepted=15, cost_seconds=1.3 * DECODE_S))
-    second = AdaptiveK(16, timings=first.timings)
-    assert second.cost(16) == pytest.approx(1.3)
-    assert AdaptiveK(16).time(16) is None
+    second = AdaptiveK(16, timings=first.cost_model.timings)
+    assert second.cost_model.cost(16) == pytest.approx(1.3)
+    assert AdaptiveK(16).cost_model.time(16) is None

@@ -56,13 +56,13 @@ def test_adaptive_ngram_equals_baseline(arch, scale):
 def test_a_target_keeps_what_its_forwards_cost_across_generations():
     target = tiny_target("llama")
     hf2q_py.generate(target, loopy_prompt(40), max_tokens=40, method="ngram")
-    timings = target.remembered[("timings", "ngram")]
+    timings = target.kept.timings["ngram"]
     assert any(w > 1 for w in timings.counts)  # verify widths it timed
     _, policy = build_proposer(target, SpecConfig(method="ngram"))
-    assert policy.timings is timings
-    target.remembered.clear()
+    assert policy.cost_model.timings is timings
+    target.kept.clear()
     _, policy = build_proposer(target, SpecConfig(method="ngram"))
-    assert policy.time(1) is None
+    assert policy.cost_model.time(1) is None
 
 
 def test_one_token_prompt():

@@ -93,12 +93,12 @@ def test_k_has_a_documented_maximum():
 
 def reference_rate(policy, i, key=None):
     """The conditional acceptance estimate as defined (recursively)."""
-    prior = policy.prior_rate if i == 0 or policy.tried[i] >= 0.5 else reference_rate(policy, i - 1)
-    pooled = (policy.hits[i] + prior * policy.prior_weight) / (policy.tried[i] + policy.prior_weight)
-    if key is None or key not in policy.keyed:
+    prior = policy.profile.prior_rate if i == 0 or policy.acceptance.tried[i] >= 0.5 else reference_rate(policy, i - 1)
+    pooled = (policy.acceptance.hits[i] + prior * policy.acceptance.prior_weight) / (policy.acceptance.tried[i] + policy.acceptance.prior_weight)
+    if key is None or key not in policy.acceptance.keyed:
         return pooled
-    tried, hits = policy.keyed[key]
-    return (hits[i] + pooled * policy.key_weight) / (tried[i] + policy.key_weight)
+    tried, hits = policy.acceptance.keyed[key]
+    return (hits[i] + pooled * policy.acceptance.key_weight) / (tried[i] + policy.acceptance.key_weight)
 
 
 def test_adaptive_rates_match_their_definition():
@@ -106,7 +106,7 @@ def test_adaptive_rates_match_their_definition():
     for drafted, accepted, key in [(12, 3, "a"), (4, 4, "b"), (8, 0, None), (2, 1, "a")]:
         policy.update(Round(drafted=drafted, accepted=accepted, key=key, cost_seconds=0.01))
     for key in (None, "a", "b", "never seen"):
-        assert policy.rates(key) == pytest.approx([reference_rate(policy, i, key) for i in range(12)])
+        assert policy.acceptance.rates(key) == pytest.approx([reference_rate(policy, i, key) for i in range(12)])
 
 
 def test_choosing_k_at_the_maximum_is_fast():

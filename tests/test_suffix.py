@@ -106,9 +106,9 @@ def test_unsplit_matches_are_expected_to_start_better_than_split_ones():
     after one whose continuations split, at every depth."""
     from hf2q_py.draft_length import AdaptiveK
 
-    policy = AdaptiveK(32, key_priors=SuffixProposer.key_priors)
+    policy = AdaptiveK(32, SuffixProposer.profile)
     for depth in (1, 2, 3, 4, 8, 16, 32):
-        assert policy.rates((depth, False))[0] > policy.rates((depth, True))[0]
+        assert policy.acceptance.rates((depth, False))[0] > policy.acceptance.rates((depth, True))[0]
 
 
 def test_no_match_no_drafts():

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from collections.abc import Hashable, Sequence
 
+from ..draft_length.profile import DraftProfile
+
 if TYPE_CHECKING:
     import mlx.core as mx
 
@@ -51,10 +53,9 @@ class Proposer:
     #: True when drafting runs on the target's own KV cache (layer skip): the
     #: engine then never proposes while a target decode is in flight.
     uses_target_cache = False
-    #: Prior acceptance rate per ``draft_key`` for adaptive K (none: measured only).
-    key_priors: dict[Hashable, float] = {}
-    #: The policy's K is at least this (a proposer that sizes some drafts itself, like copies).
-    min_k_cap = 0
+    #: What the proposer knows about its drafts (priors per draft key, drafting
+    #: cost, minimum K): the draft-length policy is made from it.
+    profile = DraftProfile()
 
     @property
     def active(self) -> bool:
@@ -66,10 +67,6 @@ class Proposer:
         """A class for the next drafts, known before drafting (the n-gram match
         depth); adaptive K keeps acceptance statistics per class. None: one class."""
         return None
-
-    def tune(self, policy: Any) -> None:
-        """Adjust an adaptive draft-length policy (``AdaptiveK``) to this
-        proposer's costs, once at build; by default nothing."""
 
     def start(self, runtime: Any, prompt: Sequence[int], hidden: dict[int, Any], decider: Any) -> None:
         """Called once, after the prompt (all but its last token) was prefilled.

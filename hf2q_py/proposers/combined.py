@@ -7,6 +7,9 @@ it drafts, and reads the prompt only then (lazy prefill)."""
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from dataclasses import replace
+
+from ..draft_length.profile import DraftProfile
 
 from ..target import Target
 from .base import Draft, Proposer
@@ -31,7 +34,6 @@ class CombinedProposer(Proposer):
     """
 
     name = "draft"
-    min_k_cap = COPY_K
 
     def __init__(self, model: DraftModelProposer, copier: SuffixProposer, min_depth: int, model_k: int):
         self.model, self.copier = model, copier
@@ -40,15 +42,12 @@ class CombinedProposer(Proposer):
         self.model_rounds = 0
 
     @property
-    def key_priors(self) -> dict[Hashable, float]:
-        """Prior acceptance per copy depth class (the suffix proposer's)."""
-        return {("copy", c): rate for c, rate in self.copier.key_priors.items()}
-
-    def tune(self, policy) -> None:
-        """As the draft model's, with drafting cost kept per source: copies cost none."""
-        self.model.tune(policy)
-        policy.geometric_keys = frozenset({MODEL_KEY})
-        policy.draft_cost_priors = {MODEL_KEY: self.model.cost, **{key: 0.0 for key in self.key_priors}}
+    def profile(self) -> DraftProfile:
+        """The draft model's profile for ``"model"`` rounds and the suffix
+        proposer's for copy rounds (which cost no drafting); K up to ``COPY_K``."""
+        model = self.model.profile.rekeyed(lambda key: MODEL_KEY)
+        copies = self.copier.profile.rekeyed(lambda key: ("copy", key))
+        return replace(model.merged(copies), min_k=COPY_K)
 
     def start(self, runtime, prompt: Sequence[int], hidden, decider) -> None:
         self.copier.start(runtime, prompt, hidden, decider)
@@ -80,15 +79,15 @@ def build(target: Target, spec) -> DraftModelProposer | CombinedProposer:
     """The draft method's proposer (method table): the draft model, copying
     where the context's end is matched deeply (unless ``draft_suffix_depth``
     is 0); a draft model given as a path or repo id is loaded once per
-    target (``target.remembered``)."""
+    target (``target.kept.draft_models``)."""
     draft = spec.draft
     if not isinstance(draft, Target):
         from ..loaders import load
 
-        key = ("draft", str(draft))
-        if key not in target.remembered:
-            target.remembered[key] = load(draft)
-        draft = target.remembered[key]
+        kept = target.kept.draft_models
+        if str(draft) not in kept:
+            kept[str(draft)] = load(draft)
+        draft = kept[str(draft)]
     check_compatible(target, draft)
     copies = spec.draft_suffix_depth > 0
     model = DraftModelProposer(

@@ -95,11 +95,11 @@ class DFlashProposer(Proposer):
 
 def build(target: Target, spec) -> DFlashProposer:
     """The dflash method's proposer (method table); a drafter given as a
-    folder is loaded once per target (``target.remembered``)."""
+    folder is loaded once per target (``target.kept.drafters``)."""
     drafter = spec.drafter
     if isinstance(drafter, (str, Path)):
-        key = ("dflash", str(drafter))
-        if key not in target.remembered:
-            target.remembered[key] = resolve_drafter(drafter, target)
-        drafter = target.remembered[key]
+        kept = target.kept.drafters
+        if str(drafter) not in kept:
+            kept[str(drafter)] = resolve_drafter(drafter, target)
+        drafter = kept[str(drafter)]
     return DFlashProposer(target, resolve_drafter(drafter, target))

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from ..draft_length.profile import DraftProfile
 from ..errors import Hf2qError
 from ..target import PREFILL_CHUNK, Target
 from .base import Draft, Proposer
@@ -94,20 +95,23 @@ class DraftModelProposer(Proposer):
         self.synced = 0  # cached[:synced] are known to be committed tokens
         self.confidence: list[float] = []  # the latest draft's top probability per token (when gated)
 
-    def tune(self, policy) -> None:
-        """Adaptive K charges drafting per draft token (``split_drafting``),
-        from this model's weight-size prior until measured, and starts from
-        the acceptance and verify cost of a same-family pair; its draft positions
-        share one acceptance rate (an autoregressive draft errs about as
-        often at every position)."""
-        policy.split_drafting = True
-        policy.geometric_keys = frozenset({None})
-        policy.prior_rate = DRAFT_PRIOR_RATE
-        policy.prior_slope = DRAFT_PRIOR_SLOPE
-        # the shared rate is pessimistic for long drafts when rejections cluster at the
-        # first positions (code): no margin against longer K (benchmarks/bench_draft_length.py)
-        policy.longer_margin = 0.0
-        policy.draft_cost_priors = {None: self.cost}
+    @property
+    def profile(self) -> DraftProfile:
+        """Drafting is charged per draft token (``split_drafting``), from this
+        model's weight-size prior until measured; acceptance and verify cost
+        start from a same-family pair's; draft positions share one
+        acceptance rate (an autoregressive draft errs about as often at
+        every position). The shared rate is pessimistic for long drafts when
+        rejections cluster at the first positions (code): no margin against
+        longer K (benchmarks/bench_draft_length.py)."""
+        return DraftProfile(
+            geometric_keys=frozenset({None}),
+            split_drafting=True,
+            draft_cost_priors={None: self.cost},
+            prior_rate=DRAFT_PRIOR_RATE,
+            prior_slope=DRAFT_PRIOR_SLOPE,
+            longer_margin=0.0,
+        )
 
     def start(self, runtime, prompt: Sequence[int], hidden, decider) -> None:
         self.decider = decider

@@ -126,13 +126,12 @@ class LayerSkipProposer(Proposer):
     every draft of a 6-layer middle skip while copying code) are dropped
     untried, from their share of the weights against a verify timed right
     after prefill; when none is left there is no calibration.
-    The choice is remembered on the target (``target.remembered``), so later
+    The choice is kept on the target (``target.kept.skip_sets``), so later
     generations with ``auto`` start from it.
     """
 
     name = "layerskip"
     uses_target_cache = True
-    MEMORY_KEY = ("layerskip", "auto")
 
     def __init__(
         self,
@@ -150,8 +149,8 @@ class LayerSkipProposer(Proposer):
         # auto: plain decoding first (the yardstick), then each candidate
         self.trials: list[list[int] | None] = []
         if skip == "auto":
-            if self.MEMORY_KEY in target.remembered:
-                self.skip = target.remembered[self.MEMORY_KEY]
+            if "auto" in target.kept.skip_sets:
+                self.skip = target.kept.skip_sets["auto"]
             else:
                 self.trials = [None, *[c for c in auto_candidates(n) if _valid(target.model, c)]]
                 self.skip = None
@@ -169,7 +168,7 @@ class LayerSkipProposer(Proposer):
 
     # -- auto calibration ------------------------------------------------------
     def _remember(self, skip: list[int] | None) -> None:
-        self.target.remembered[self.MEMORY_KEY] = skip
+        self.target.kept.skip_sets["auto"] = skip
 
     def _account(self, committed: int, seconds: float) -> None:
         """Measure the skip set on trial: a candidate is dropped after its first

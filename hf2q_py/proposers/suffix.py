@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from collections.abc import Hashable, Sequence
 
 from ..automaton import SuffixAutomaton
+from ..draft_length.profile import DraftProfile
 from ..errors import Hf2qError
 from .base import Draft, Proposer
 
@@ -61,15 +62,18 @@ class SuffixProposer(Proposer):
     #: at every depth) but a right start runs on as far as an unsplit one.
     #: Measured by offline replay of the built-in model's greedy answers to
     #: the bench workloads; adaptive K starts from these, not a flat guess.
-    key_priors = {
-        **{
-            (d, False): p for d, p in {1: 0.45, 2: 0.6, 3: 0.75, 4: 0.85, 8: 0.93, 16: 0.96, 32: 0.98}.items()
-        },
-        **{
-            (d, True): (0.3, p)
-            for d, p in {1: 0.5, 2: 0.7, 3: 0.8, 4: 0.85, 8: 0.85, 16: 0.9, 32: 0.95}.items()
-        },
-    }
+    profile = DraftProfile(
+        key_priors={
+            **{
+                (d, False): p
+                for d, p in {1: 0.45, 2: 0.6, 3: 0.75, 4: 0.85, 8: 0.93, 16: 0.96, 32: 0.98}.items()
+            },
+            **{
+                (d, True): (0.3, p)
+                for d, p in {1: 0.5, 2: 0.7, 3: 0.8, 4: 0.85, 8: 0.85, 16: 0.9, 32: 0.95}.items()
+            },
+        }
+    )
 
     def __init__(self, options: SuffixOptions | None = None, memory: DraftMemory | None = None):
         self.options = options or SuffixOptions()
