@@ -1,7 +1,9 @@
 """Draft-length policies of the draft method, without timing noise: adaptive
-K (as the draft method tunes it) against fixed K, with round costs of a
+K (from the draft method's profile) against fixed K, with round costs of a
 measured pair (a round: the target forward of K + 1 tokens plus one draft
-step per draft; in plain decodes). Two sources of acceptance:
+step per draft; in plain decodes). The engine's own loop runs every
+generation, on a recorded answer (``hf2q_py.tools.recorded``) with modelled
+time. Two sources of acceptance:
 
 Simulated patterns (tokens per second averaged over seeded generations):
 each round drafts K tokens and the first rejection falls where a
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import shlex
@@ -42,7 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from hf2q_py.draft_length import MAX_K, AdaptiveK, FixedK, validate_k  # noqa: E402
 from hf2q_py.errors import Hf2qError  # noqa: E402
 from hf2q_py.proposers.draft_model import DraftModelProposer  # noqa: E402
-from hf2q_py.stats import Round  # noqa: E402
+from hf2q_py.proposers.base import Draft, Proposer  # noqa: E402
+from hf2q_py.tools.recorded import RecordedTarget  # noqa: E402
+from hf2q_py.tools.replay import Stream, replay_stream  # noqa: E402
 from hf2q_py.tools import results  # noqa: E402
 from hf2q_py.tools.files import check_writable  # noqa: E402
 from hf2q_py.methods import DEFAULT_DRAFT_MIN_PROB, method_named  # noqa: E402
@@ -59,31 +64,52 @@ PATTERNS = {
 DECODE_S = 0.65  # a target decode of the 1.5B target on this CPU; only ratios matter
 
 
+def verify_seconds(slope: float):
+    """A target forward of ``width`` tokens: ``1 + slope (width - 1)`` decodes."""
+    return lambda width: DECODE_S * (1 + slope * (width - 1))
+
+
+class _Drafts(Proposer):
+    """Drafts decided per answer position by ``wrong(position, i)`` (draft i of
+    a round, standing at ``position`` of the answer, is wrong), each draft
+    step costing ``draft_cost`` decodes of modelled time, with the draft
+    method's profile; ``stop(position, n)``: end the draft after n tokens."""
+
+    def __init__(self, prompt_len: int, answer: list[int], draft_cost: float, wrong, stop=None):
+        self.prompt_len, self.answer, self.draft_cost = prompt_len, answer, draft_cost
+        self.wrong, self.stop = wrong, stop or (lambda position, n: False)
+        self.profile = DraftModelProposer(None, cost=draft_cost).profile
+
+    def start(self, runtime, prompt, hidden, decider) -> None:
+        self.rt = runtime
+
+    def propose(self, tokens, k: int) -> Draft:
+        position = len(tokens) - self.prompt_len
+        drafts, right = [], True
+        while len(drafts) < k and position + len(drafts) < len(self.answer):
+            i = len(drafts)
+            right = right and not self.wrong(position + i, i)
+            drafts.append(self.answer[position + i] + (0 if right else 1))
+            if self.stop(position, len(drafts)):
+                break
+        self.rt.spend(DECODE_S * self.draft_cost * len(drafts))
+        return Draft(drafts)
+
+
+def run(policy, proposer: _Drafts, prompt: list[int], answer: list[int], slope: float) -> float:
+    """Tokens per second of the engine's loop on a recorded answer."""
+    target = RecordedTarget(prompt, answer, verify_seconds(slope))
+    stats = replay_stream(Stream("s", "", prompt, answer), target, proposer, policy)
+    return len(answer) / stats.decode_seconds
+
+
 def simulate(policy, hazards: list[float], tokens: int, seed: int, draft_cost: float, slope: float) -> float:
-    """Tokens per second of one generation of ``tokens`` under ``policy``."""
+    """Tokens per second of one generation of ``tokens`` under ``policy``: the
+    first rejection of each round's drafts falls where ``hazards`` put it."""
     rng = random.Random(seed)
-    done, seconds = 0, 0.0
-    while done < tokens:
-        k = policy.next_k()
-        accepted = 0
-        while accepted < k and rng.random() >= _hazard(hazards, done + accepted, accepted):
-            accepted += 1
-        r = timed_round(k, k, accepted, draft_cost, slope)
-        done += accepted + 1
-        seconds += r.cost_seconds
-        policy.update(r)
-    return done / seconds
-
-
-def timed_round(k: int, drafted: int, accepted: int, draft_cost: float, slope: float) -> Round:
-    """A round of the cost model: a plain decode when nothing is drafted, else a
-    target forward of ``drafted`` + 1 tokens plus one draft step per draft."""
-    if drafted == 0:
-        return Round(cost_seconds=DECODE_S)
-    verify = DECODE_S * (1 + slope * drafted)
-    draft = DECODE_S * draft_cost * drafted
-    return Round(k=k, drafted=drafted, accepted=accepted, cost_seconds=verify + draft,
-                 propose_seconds=draft, verify_seconds=verify)  # fmt: skip
+    answer = list(range(2, 2 + tokens))
+    proposer = _Drafts(1, answer, draft_cost, lambda position, i: rng.random() < _hazard(hazards, position, i))
+    return run(policy, proposer, [1], answer, slope)
 
 
 def _hazard(pattern, position: int, i: int) -> float:
@@ -135,23 +161,13 @@ def replay(policy, stream: dict, min_prob: float, draft_cost: float, slope: floa
     """Tokens per second of ``policy`` on a recorded stream (see the module docstring)."""
     out, top = stream["output"], stream["draft_top"]
     wrong = {i for i, (d, t) in enumerate(zip(stream["draft_argmax"], out)) if d != t}
-    done, seconds = 0, 0.0
-    while done < len(out):
-        k = min(policy.next_k(), len(out) - done - 1)
-        n, whole = 0, 1.0
-        while n < k:
-            whole *= top[done + n]
-            n += 1
-            if whole < min_prob:
-                break
-        accepted = 0
-        while accepted < n and done + accepted not in wrong:
-            accepted += 1
-        r = timed_round(k, n, accepted, draft_cost, slope)
-        done += accepted + 1
-        seconds += r.cost_seconds
-        policy.update(r)
-    return len(out) / seconds
+
+    def stop(position: int, n: int) -> bool:  # the confidence rule: the drafts' product of probabilities
+        return math.prod(top[position : position + n]) < min_prob
+
+    prompt = [1] * stream["prompt_tokens"]
+    proposer = _Drafts(len(prompt), out, draft_cost, lambda position, i: position in wrong, stop)
+    return run(policy, proposer, prompt, out, slope)
 
 
 def stream_tables(path: str, ks: list[int], k_max: int, draft_cost: float, slope: float) -> tuple[list, dict]:
@@ -191,9 +207,8 @@ def stream_tables(path: str, ks: list[int], k_max: int, draft_cost: float, slope
 
 
 def adaptive(k_max: int, draft_cost: float) -> AdaptiveK:
-    policy = AdaptiveK(k_max)
-    DraftModelProposer(None, cost=draft_cost).tune(policy)
-    return policy
+    """Adaptive K as the draft method makes it, for a draft step of ``draft_cost`` decodes."""
+    return AdaptiveK(k_max, DraftModelProposer(None, cost=draft_cost).profile)
 
 
 def main() -> None:

@@ -29,6 +29,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hf2q_py
 
@@ -39,7 +40,9 @@ import mlx.core as mx  # noqa: E402
 from hf2q_py.config import SpecConfig  # noqa: E402
 from hf2q_py.memory import DraftMemory  # noqa: E402
 from hf2q_py.methods import build_proposer  # noqa: E402
-from hf2q_py.tools.replay import CostModel, Stream, _MemoryHolder, load, replay_stream  # noqa: E402
+from hf2q_py.stats import Round  # noqa: E402
+from hf2q_py.tools.recorded import RecordedTarget  # noqa: E402
+from hf2q_py.tools.replay import CostModel, Stream, load  # noqa: E402
 from hf2q_py.errors import run_script  # noqa: E402
 
 WIDTHS = (2, 4, 8, 12, 16, 24, 32)
@@ -203,6 +206,59 @@ def measure_costs(target, context: list[int], repeats: int) -> dict:
 
 
 # -- 2. what a second branch adds, by replay --------------------------------------------------
+#: What a verify round accepts and costs, given (drafts, their accepted prefix
+#: length, the position in the answer): (tokens accepted, modelled seconds).
+Judge = Callable[[list[int], int, int], tuple[int, float]]
+
+
+def judged_rounds(
+    stream: Stream, proposer, policy, cost: CostModel, judge: Judge | None = None
+) -> tuple[int, int, int, int, float]:
+    """Rounds of drafts verified as a tree verify would (a verify the engine
+    does not run, so this models its rounds alone: the replay tool runs the
+    engine itself): ``judge`` replaces what a verify round accepts and costs;
+    the policy still learns the drafts' own outcome and cost. Returns
+    (rounds, verify rounds, drafted, accepted, modelled seconds)."""
+    tokens = list(stream.prompt)
+    out = stream.output
+    proposer.start(None, tokens, {}, None)
+    i = rounds = verify_rounds = drafted = accepted = 0
+    seconds = 0.0
+    verified = True  # the round before was a verify (or none): the next plain decode restarts the pipeline
+    while i < len(out):
+        rounds += 1
+        active = proposer.active
+        key = proposer.draft_key(tokens) if active else None
+        k = min(policy.next_k(key), len(out) - i - 1) if active else 0
+        drafts = proposer.propose(tokens, k).tokens[:k] if k > 0 else []
+        if not drafts:
+            t = cost(1) + (cost.restart if verified else 0.0)
+            policy.update(Round(cost_seconds=t, restarted=verified))
+            verified = False
+            tokens.append(out[i])
+            i += 1
+            proposer.update(tokens, 0, 0, {})
+        else:
+            n = 0
+            while n < len(drafts) and drafts[n] == out[i + n]:
+                n += 1
+            t = cost(len(drafts) + 1)
+            policy.update(Round(drafted=len(drafts), accepted=n, key=key, cost_seconds=t))
+            if judge is not None:
+                n, t = judge(drafts, n, i)
+                n = min(n, len(out) - i - 1)
+            verified = True
+            tokens.extend(out[i : i + n + 1])
+            i += n + 1
+            verify_rounds += 1
+            drafted += len(drafts)
+            accepted += n
+            proposer.update(tokens, len(drafts), n, {})
+        seconds += t
+    proposer.finish(tokens)
+    return rounds, verify_rounds, drafted, accepted, seconds
+
+
 def second_branch(sam, state: int, main: list[int], budget: int) -> tuple[int, list[int]]:
     """(fork position, branch tokens): the second most frequent continuation
     at the first position of ``main`` where the automaton had a choice,
@@ -226,9 +282,10 @@ def second_branch(sam, state: int, main: list[int], budget: int) -> tuple[int, l
 
 
 def replay_tree(stream: Stream, memory: DraftMemory, cost: CostModel, branch: int, tree_ratio) -> dict:
-    """The replay tool's rounds, each verify widened by a second branch of up
+    """Rounds as the replay tool modelled them before it ran the engine, each verify widened by a second branch of up
     to ``branch`` tokens (none: the chain alone)."""
-    proposer, policy = build_proposer(_MemoryHolder(memory), SpecConfig(method="ngram"))
+    holder = RecordedTarget(stream.prompt, stream.output, cost, cost.restart, memory)
+    proposer, policy = build_proposer(holder, SpecConfig(method="ngram"))
     out = stream.output
     gained = 0
 
@@ -249,7 +306,7 @@ def replay_tree(stream: Stream, memory: DraftMemory, cost: CostModel, branch: in
             gained += m
         return n + m, cost(width) * tree_ratio(width)
 
-    *_, seconds = replay_stream(stream, proposer, policy, cost, judge)
+    *_, seconds = judged_rounds(stream, proposer, policy, cost, judge)
     return {
         "seconds": seconds,
         "baseline": cost(1) * len(out) + cost.restart,

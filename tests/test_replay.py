@@ -78,37 +78,13 @@ def test_the_bound_drafts_only_what_is_accepted_and_beats_the_policy():
     out = [5, 6, 7, 8, 9] * 4 + list(range(100, 120)) + [5, 6, 7, 8, 9, 3]
     stream = Stream("copy, fresh, copy", "code", [1, 2, 5, 6, 7, 8, 9, 3], out)
     (b,) = bound([stream], COST)
-    assert b.method == BOUND_LABEL and b.drafted == b.accepted >= 20
+    # 19 drafts, not 20: as in the engine, the last copy is drafted during a
+    # plain decode, which confirms its first token (a decode round, not a draft)
+    assert b.method == BOUND_LABEL and b.drafted == b.accepted >= 19
     assert b.accepted + b.rounds == len(out)
     for opts in ({"method": "ngram"}, {"method": "ngram", "k": 8, "adaptive": False}):
         (row,) = replay([stream], "x", opts, COST)
         assert b.seconds <= row.seconds
-
-
-def test_a_judge_replaces_what_a_verify_accepts_and_costs_but_not_what_the_policy_learns():
-    """As a wider (tree) verify would: here each verify accepts one token more
-    than the drafts' prefix and costs a fixed 0.5 s."""
-    from hf2q_py.config import SpecConfig
-    from hf2q_py.draft_length import FixedK
-    from hf2q_py.memory import DraftMemory
-    from hf2q_py.methods import build_proposer
-    from hf2q_py.tools.replay import _MemoryHolder, replay_stream
-
-    out = [5, 6, 7, 8, 9] * 4 + list(range(100, 120))
-    stream = Stream("copy then fresh", "code", [1, 2, 5, 6, 7, 8, 9, 3], out)
-    seen = []
-
-    def judge(drafts, n, i):
-        seen.append((len(drafts), n, i))
-        return n + 1, 0.5
-
-    proposer, _ = build_proposer(_MemoryHolder(DraftMemory()), SpecConfig(method="ngram"))
-    policy = FixedK(8)
-    rounds, verifies, drafted, accepted, seconds = replay_stream(stream, proposer, policy, COST, judge)
-    assert verifies == len(seen) > 0
-    assert accepted == sum(min(n + 1, len(out) - i - 1) for _, n, i in seen)
-    assert seconds == pytest.approx(0.5 * verifies + 0.1 * (rounds - verifies))
-    assert accepted + rounds == len(out)
 
 
 def test_replay_cuts_answers_to_max_tokens(tmp_path, capsys):

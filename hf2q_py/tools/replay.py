@@ -32,10 +32,14 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 from collections.abc import Callable, Sequence
 
+from ..draft_length import FixedK, Policy
+from ..engine import generate_tokens
 from ..errors import Hf2qError
 from ..memory import DraftMemory
-from ..proposers.base import Draft
-from ..stats import Round
+from ..proposers.base import Draft, Proposer
+from ..stats import GenerationStats
+from ..target import Kept
+from .recorded import RecordedTarget
 
 #: Forward widths measured for the cost model: every width a verify of up to
 #: 32 drafts feeds (cost need not grow with the width: on a CPU, matrix
@@ -111,86 +115,59 @@ class ReplayRow:
         return self.baseline_seconds / self.seconds if self.seconds else 0.0
 
 
-class _MemoryHolder:
-    """What ``build_proposer`` needs of a Target for model-free methods."""
-
-    def __init__(self, memory: DraftMemory, remembered: dict | None = None):
-        self.memory = memory
-        self.remembered = {} if remembered is None else remembered
-
-
-#: What a verify round accepts and costs, given (drafts, their accepted prefix
-#: length, the position in the answer): (tokens accepted, modelled seconds).
-Judge = Callable[[list[int], int, int], tuple[int, float]]
-
-
 def replay_stream(
-    stream: Stream, proposer, policy, cost: CostModel, judge: Judge | None = None
-) -> tuple[int, int, int, int, float]:
-    """Run one stream; returns (rounds, verify rounds, drafted, accepted, modelled seconds).
+    stream: Stream, target: RecordedTarget, proposer: Proposer | None, policy: Policy | None
+) -> GenerationStats:
+    """Run the engine's loop on ``stream`` (``target`` answers from it) with
+    ``proposer`` and ``policy``; the statistics' ``decode_seconds`` is
+    modelled time. Every committed token equals the recorded answer's."""
+    stats = GenerationStats()
+    out: list[int] = []
+    for new in generate_tokens(
+        target, stream.prompt, max_tokens=len(stream.output), proposer=proposer, policy=policy, stats=stats
+    ):
+        out += new
+    if out != stream.output:  # the recorded runtime only ever points at the answer
+        raise Hf2qError(f"replay of {stream.name!r} left its recorded answer")
+    return stats
 
-    ``judge`` replaces what a verify round accepts and costs (a wider verify,
-    such as a tree of branches); the policy still learns the drafts' own
-    outcome and cost."""
-    tokens = list(stream.prompt)
-    out = stream.output
-    proposer.start(None, tokens, {}, None)
-    i = rounds = verify_rounds = drafted = accepted = 0
-    seconds = 0.0
-    verified = True  # the round before was a verify (or none): the next plain decode restarts the pipeline
-    while i < len(out):
-        rounds += 1
-        active = proposer.active
-        key = proposer.draft_key(tokens) if active else None
-        k = min(policy.next_k(key), len(out) - i - 1) if active else 0
-        drafts = proposer.propose(tokens, k).tokens[:k] if k > 0 else []
-        if not drafts:
-            t = cost(1) + (cost.restart if verified else 0.0)
-            policy.update(Round(cost_seconds=t, restarted=verified))
-            verified = False
-            tokens.append(out[i])
-            i += 1
-            proposer.update(tokens, 0, 0, {})
-        else:
-            n = 0
-            while n < len(drafts) and drafts[n] == out[i + n]:
-                n += 1
-            t = cost(len(drafts) + 1)
-            policy.update(Round(drafted=len(drafts), accepted=n, key=key, cost_seconds=t))
-            if judge is not None:
-                n, t = judge(drafts, n, i)
-                n = min(n, len(out) - i - 1)
-            verified = True
-            tokens.extend(out[i : i + n + 1])
-            i += n + 1
-            verify_rounds += 1
-            drafted += len(drafts)
-            accepted += n
-            proposer.update(tokens, len(drafts), n, {})
-        seconds += t
-    proposer.finish(tokens)
-    return rounds, verify_rounds, drafted, accepted, seconds
+
+class _Replayer:
+    """Recorded targets for a list of streams: streams of one session share a
+    memory, in order; every other stream starts with an empty one. All
+    share what adaptive K learns of forward costs, as on one Target."""
+
+    def __init__(self, cost: CostModel):
+        self.cost, self.kept = cost, Kept()
+        self.memories: dict[str, DraftMemory] = {}
+
+    def target(self, s: Stream) -> RecordedTarget:
+        memory = self.memories.setdefault(s.session, DraftMemory()) if s.session else DraftMemory()
+        return RecordedTarget(s.prompt, s.output, self.cost, self.cost.restart, memory, self.kept)
+
+    def row(self, s: Stream, label: str, stats: GenerationStats) -> ReplayRow:
+        plain = replay_stream(s, RecordedTarget(s.prompt, s.output, self.cost, self.cost.restart), None, None)
+        return ReplayRow(
+            s.name, s.kind, label, len(s.output), stats.rounds, stats.verify_rounds, stats.drafted,
+            stats.accepted, stats.decode_seconds, plain.decode_seconds,
+        )  # fmt: skip
 
 
 def replay(
     streams: Sequence[Stream], label: str, options: dict[str, Any], cost: CostModel
 ) -> list[ReplayRow]:
     """Replay every stream with the method ``options`` (SpecConfig fields)."""
-    from ..config import SpecConfig
-    from ..methods import build_proposer
+    from ..methods import SpecConfig, build_proposer
 
     rows = []
-    memories: dict[str, DraftMemory] = {}
-    remembered: dict = {}  # the forward timings adaptive K measures, as on one Target
+    replayer = _Replayer(cost)
     for s in streams:
-        memory = memories.setdefault(s.session, DraftMemory()) if s.session else DraftMemory()
         spec = SpecConfig(**options)
         if spec.method != "ngram":
             raise Hf2qError(f"replay runs model-free methods only (ngram), not {spec.method!r}")
-        proposer, policy = build_proposer(_MemoryHolder(memory, remembered), spec)
-        r, v, d, a, sec = replay_stream(s, proposer, policy, cost)
-        base = cost(1) * len(s.output) + cost.restart  # plain decoding restarts once, at its first token
-        rows.append(ReplayRow(s.name, s.kind, label, len(s.output), r, v, d, a, sec, base))
+        target = replayer.target(s)
+        proposer, policy = build_proposer(target, spec)
+        rows.append(replayer.row(s, label, replay_stream(s, target, proposer, policy)))
     return rows
 
 
@@ -198,11 +175,9 @@ def replay(
 BOUND_LABEL = "bound: suffix drafts, accepted length known"
 
 
-class _AcceptedPrefix:
+class _AcceptedPrefix(Proposer):
     """The suffix proposer's uncut drafts, cut to the prefix the recorded
     answer accepts: what a perfect draft-length policy over them would draft."""
-
-    active = True
 
     def __init__(self, stream: Stream, memory: DraftMemory, k_max: int):
         from ..proposers.suffix import SuffixOptions, SuffixProposer
@@ -213,13 +188,10 @@ class _AcceptedPrefix:
     def start(self, *args) -> None:
         self.inner.start(*args)
 
-    def draft_key(self, tokens: Sequence[int]) -> None:
-        return None
-
     def propose(self, tokens: Sequence[int], k: int) -> Draft:
         drafts, truth = self.inner.propose(tokens, k).tokens, self.answer[len(tokens) - self.prompt_len :]
         n = 0
-        while n < len(drafts) and drafts[n] == truth[n]:
+        while n < len(drafts) and n < len(truth) and drafts[n] == truth[n]:
             n += 1
         return Draft(drafts[:n])
 
@@ -235,15 +207,12 @@ def bound(streams: Sequence[Stream], cost: CostModel, k_max: int = 32) -> list[R
     target accepts (at most ``k_max``; rounds where it accepts none decode
     plainly): an upper bound for draft-length policies over those drafts.
     Sessions share a memory, in order."""
-    from ..draft_length import FixedK
-
     rows = []
-    memories: dict[str, DraftMemory] = {}
+    replayer = _Replayer(cost)
     for s in streams:
-        memory = memories.setdefault(s.session, DraftMemory()) if s.session else DraftMemory()
-        r, v, d, a, sec = replay_stream(s, _AcceptedPrefix(s, memory, k_max), FixedK(k_max), cost)
-        base = cost(1) * len(s.output) + cost.restart
-        rows.append(ReplayRow(s.name, s.kind, BOUND_LABEL, len(s.output), r, v, d, a, sec, base))
+        target = replayer.target(s)
+        stats = replay_stream(s, target, _AcceptedPrefix(s, target.memory, k_max), FixedK(k_max))
+        rows.append(replayer.row(s, BOUND_LABEL, stats))
     return rows
 
 
