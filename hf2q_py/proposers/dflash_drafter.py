@@ -499,10 +499,10 @@ class TargetHead:
         self.vocab = vocab
         self._draft_head = self.head
         if vocab is not None:  # the rows are copied once per target and vocabulary
-            key = ("draft-vocab-rows", id(vocab))
-            kept = target.remembered.get(key)
+            heads = target.kept.draft_heads
+            kept = heads.get(id(vocab))
             if kept is None or kept[0] is not vocab:  # (holding the vocabulary keeps its id unique)
-                kept = target.remembered[key] = (vocab, _subset_rows(target, vocab.ids))
+                kept = heads[id(vocab)] = (vocab, _subset_rows(target, vocab.ids))
             self._draft_head = kept[1]
 
     def embed(self, tokens: mx.array) -> mx.array:
