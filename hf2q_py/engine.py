@@ -104,13 +104,19 @@ def generate_tokens(
                 mx.clear_cache()
     finally:
         stats.decode_seconds = rt.clock() - t_start
-        # Leave the cache holding exactly the committed tokens but the last.
-        extra = rt.offset - (len(loop.tokens) - 1)
-        if extra > 0:
-            rt.trim(extra)
-        proposer.finish(loop.tokens)
-        if finished and target.prompt_cache is not None:
-            target.prompt_cache.add(rt.snapshot(loop.tokens[:-1]))
+        _finish(rt, proposer, loop.tokens, keep=finished)
+
+
+def _finish(rt: Runtime, proposer: Proposer, tokens: list[int], keep: bool) -> None:
+    """Leave the cache holding exactly the committed tokens but the last, tell
+    the proposer, and (``keep``: generation ended between rounds) add the
+    state to the Target's prompt cache."""
+    extra = rt.offset - (len(tokens) - 1)
+    if extra > 0:
+        rt.trim(extra)
+    proposer.finish(tokens)
+    if keep and rt.target.prompt_cache is not None:
+        rt.target.prompt_cache.add(rt.snapshot(tokens[:-1]))
 
 
 def _resume(target: Target, prompt: list[int], k_max: int, reuse: bool) -> Runtime:

@@ -13,7 +13,7 @@ costs: ``MeasuredCosts`` live, ``PriorCosts`` untimed) and a
 from .acceptance import Acceptance
 from .adaptive import AdaptiveK
 from .costs import CostModel, MeasuredCosts, PriorCosts, Timings
-from .policy import MAX_K, FixedK, NoDrafts, Policy, build_policy, validate_k
+from .policy import MAX_K, FixedK, NoDrafts, Policy, validate_k
 from .probes import ProbeSchedule
 from .profile import DraftProfile
 
@@ -33,3 +33,16 @@ __all__ = [
     "build_policy",
     "validate_k",
 ]
+
+
+def build_policy(
+    profile: DraftProfile, k: int, *, adaptive: bool = True, timed: bool = True, timings: Timings | None = None
+) -> Policy:
+    """The policy for a proposer that declared ``profile``: K up to
+    ``max(k, profile.min_k)``, fixed or adaptive. ``timed=False``: adaptive K
+    charges the prior costs (seeded sampling repeats exactly); ``timings``:
+    the forward timings to learn into (a Target keeps one per method)."""
+    k = max(k, profile.min_k)
+    if not adaptive:
+        return FixedK(k)
+    return AdaptiveK(k, profile, timings=timings, timed=timed)

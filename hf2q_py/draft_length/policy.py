@@ -1,5 +1,4 @@
-"""The draft-length policy interface, the two fixed policies, and the one
-place that makes a policy for a proposer."""
+"""The draft-length policy interface and the two fixed policies."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ from typing import Protocol
 
 from ..stats import Round
 from ..validate import check_int
-from .profile import DraftProfile
 
 #: The largest draft length per round (``--k``): a verify forward feeds K + 1
 #: tokens, and no proposer's drafts stay right for longer than this.
@@ -58,18 +56,3 @@ class FixedK:
 
     def update(self, r: Round) -> None:
         pass
-
-
-def build_policy(
-    profile: DraftProfile, k: int, *, adaptive: bool = True, timed: bool = True, timings=None
-) -> Policy:
-    """The policy for a proposer that declared ``profile``: K up to
-    ``max(k, profile.min_k)``, fixed or adaptive. ``timed=False``: adaptive K
-    charges the prior costs (seeded sampling repeats exactly); ``timings``:
-    the forward timings to learn into (a Target keeps one per method)."""
-    from .adaptive import AdaptiveK
-
-    k = max(k, profile.min_k)
-    if not adaptive:
-        return FixedK(k)
-    return AdaptiveK(k, profile, timings=timings, timed=timed)

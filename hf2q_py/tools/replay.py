@@ -2,11 +2,13 @@
 
 A greedy answer does not depend on how it was drafted, so once the plain
 answer to each prompt is recorded, any model-free proposer (and its
-draft-length policy) can be run against it without the model: each round
-drafts, accepts the longest prefix that matches the recorded answer plus
-one token, exactly as verification would. Time is modelled from measured
-forward costs (seconds of a forward of L tokens), so settings compare
-without timing noise:
+draft-length policy) can be run against it without the model. The engine's
+own loop runs on a recorded Target (``tools/recorded.py``): every verify
+accepts the longest prefix that matches the recorded answer plus one token,
+exactly as verification would, and time is modelled from measured forward
+costs (seconds of a forward of L tokens; decodes queued back to back
+overlap, one that restarts the pipeline costs ``restart`` more), so
+settings compare without timing noise:
 
     python -m hf2q_py.tools.replay --streams streams.json --record      # once, with the model
     python -m hf2q_py.tools.replay --streams streams.json --methods "ngram;ngram:ngram_proposer=lookup,k=16"
@@ -14,10 +16,9 @@ without timing noise:
 Requests of one session (an agent's successive edits) replay in order on
 one memory, as on one Target; every other stream starts with an empty one.
 What adaptive K learns of forward costs carries from stream to stream, as
-on one Target.
-The model of time leaves out what the engine does around the forwards
-(pipelined plain decodes, drafting) and other load on the machine: it
-ranks proposers and settings; ``hf2q-py bench`` measures speed.
+on one Target. The model of time leaves out drafting time and other load
+on the machine: it ranks proposers and settings; ``hf2q-py bench``
+measures speed.
 """
 
 from __future__ import annotations
@@ -321,9 +322,7 @@ def markdown(rows: Sequence[ReplayRow]) -> str:
     return render_tables(replay_tables(rows))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from ..method_spec import parse_methods
-
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m hf2q_py.tools.replay", description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", required=True, help="JSON file of recorded streams and forward costs")
     ap.add_argument("--record", action="store_true", help="record the streams with the model (greedy) first")
@@ -341,8 +340,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--restart-cost",
         type=float,
         default=None,
-        help="extra cost of the first plain decode after a verify round, in decodes "
-        "(default: the streams file's, else 0)",
+        help="extra cost of a plain decode that restarts the pipeline (after a verify round), in "
+        "decodes (default: the streams file's, else 0)",
     )
     ap.add_argument(
         "--cost-growth",
@@ -362,40 +361,60 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also replay the suffix proposer's drafts cut to what the target accepts (an upper bound)",
     )
     ap.add_argument("--results", default=None, help="also write a results file (JSON) here")
-    args = ap.parse_args(argv)
-    try:
+    return ap
+
+
+def streams_and_costs(args: argparse.Namespace) -> tuple[list[Stream], CostModel]:
+    """The streams and forward costs to replay: recorded or re-measured with
+    the built-in model first if asked, then adjusted and cut as asked."""
+    if args.record or args.measure_costs:
+        import hf2q_py
+
+        target = hf2q_py.load(dtype="float32")
         if args.record:
-            import hf2q_py
             from .workloads import default_workloads
 
-            target = hf2q_py.load(dtype="float32")
             streams = record_streams(target, default_workloads(), args.max_tokens or 256)
-            cost = measure_costs(target, streams[0].prompt + streams[0].output)
-            save(args.streams, streams, cost, target.source)
-        elif args.measure_costs:
-            import hf2q_py
-
-            target = hf2q_py.load(dtype="float32")
+        else:
             streams, _ = load(args.streams)
-            cost = measure_costs(target, streams[0].prompt + streams[0].output)
-            save(args.streams, streams, cost, target.source)
-        streams, cost = load(args.streams)
-        if args.restart_cost is not None:
-            if args.restart_cost < 0:
-                raise Hf2qError(f"--restart-cost must be >= 0, got {args.restart_cost}")
-            cost.restart = args.restart_cost * cost(1)
-        if args.cost_growth is not None:
-            cost = cost.with_growth(args.cost_growth)
+        save(args.streams, streams, measure_costs(target, streams[0].prompt + streams[0].output), target.source)
+    streams, cost = load(args.streams)
+    if args.restart_cost is not None:
+        if args.restart_cost < 0:
+            raise Hf2qError(f"--restart-cost must be >= 0, got {args.restart_cost}")
+        cost.restart = args.restart_cost * cost(1)
+    if args.cost_growth is not None:
+        cost = cost.with_growth(args.cost_growth)
+    streams = [s for s in streams if args.only is None or args.only in s.name]
+    if args.max_tokens is not None:  # a greedy answer's first N tokens are the answer to max_tokens=N
+        if args.max_tokens < 1:
+            raise Hf2qError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+        streams = [replace(s, output=s.output[: args.max_tokens]) for s in streams]
+    return streams, cost
+
+
+def relative_costs(cost: CostModel) -> str:
+    return ", ".join(f"{w}: {cost(w) / cost(1):.2f}" for w in sorted(cost.seconds))
+
+
+def write_results(path: str, argv: Sequence[str] | None, rows: list[ReplayRow], cost: CostModel) -> None:
+    from . import results
+
+    command = "python -m hf2q_py.tools.replay " + shlex.join(list(sys.argv[1:] if argv is None else argv))
+    notes = f"Modelled speed-ups: {relative_costs(cost)} (forward cost relative to one token)."
+    results.write(path, results.record(command, replay_tables(rows), notes=notes, data=[asdict(r) for r in rows]))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from ..method_spec import parse_methods
+
+    args = parser().parse_args(argv)
+    try:
+        streams, cost = streams_and_costs(args)
         print(
-            "modelled forward cost relative to one token: "
-            + ", ".join(f"{w}: {cost(w) / cost(1):.2f}" for w in sorted(cost.seconds))
-            + f"; pipeline restart after a verify: {cost.restart / cost(1):.2f}\n"
+            f"modelled forward cost relative to one token: {relative_costs(cost)}; "
+            f"pipeline restart: {cost.restart / cost(1):.2f}\n"
         )
-        streams = [s for s in streams if args.only is None or args.only in s.name]
-        if args.max_tokens is not None:  # a greedy answer's first N tokens are the answer to max_tokens=N
-            if args.max_tokens < 1:
-                raise Hf2qError(f"--max-tokens must be >= 1, got {args.max_tokens}")
-            streams = [replace(s, output=s.output[: args.max_tokens]) for s in streams]
         rows = []
         for m in parse_methods(args.methods):
             rows += replay(streams, m.label, m.options, cost)
@@ -403,20 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows += bound(streams, cost)
         print(markdown(rows))
         if args.results:
-            from . import results
-
-            command = "python -m hf2q_py.tools.replay " + shlex.join(
-                list(sys.argv[1:] if argv is None else argv)
-            )
-            notes = (
-                "Modelled speed-ups: "
-                + ", ".join(f"{w}: {cost(w) / cost(1):.2f}" for w in sorted(cost.seconds))
-                + " (forward cost relative to one token)."
-            )
-            results.write(
-                args.results,
-                results.record(command, replay_tables(rows), notes=notes, data=[asdict(r) for r in rows]),
-            )
+            write_results(args.results, argv, rows, cost)
     except Hf2qError as e:
         print(f"hf2q-py replay: error: {e}")
         return 2
