@@ -5,6 +5,9 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
+import hf2q_py
+from hf2q_py.tools.cli import main
+
 NEAR_TIE = 1e-3  # batched vs single-token logits differ by ~1e-5 with OpenBLAS
 
 #: Draft-method options with both confidence rules off: a draft is exactly K tokens.
@@ -41,3 +44,27 @@ def assert_same_greedy(model, prompt: list[int], got: list[int], want: list[int]
         f"speculative output diverged at token {i} where the target's top-2 margin is "
         f"{margin:.4g} (not a near-tie): got {got[i]}, want {want[i]}"
     )
+
+
+def baseline(target, prompt, n):
+    """Plain greedy decoding with hf2q-py: what every method must equal."""
+    return hf2q_py.generate(target, prompt, max_tokens=n).tokens
+
+
+def cli(capsys, *argv):
+    """Run the CLI in-process: (exit code, stdout, stderr lines)."""
+    try:
+        rc = main(list(argv))
+    except SystemExit as e:  # argparse errors
+        rc = e.code
+    out = capsys.readouterr()
+    return rc, out.out, out.err.strip().splitlines()
+
+
+def assert_one_line_error(result, *words):
+    """``cli``'s result is status 2 with one line on stderr holding every word."""
+    rc, _, err = result
+    assert rc == 2, err
+    assert len(err) == 1, err
+    for w in words:
+        assert w in err[0], err[0]

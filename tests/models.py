@@ -194,6 +194,8 @@ ARCHS = tuple(CONFIGS)
 SLIDING = ("gemma3_text", "gemma4_text", "gemma4_text_moe", "gpt_oss")
 HYBRIDS = ("qwen3_next", "qwen3_5", "lfm2", "nemotron_h")
 WRAPPERS = ("gemma4", "gemma3", "mistral3", "qwen2_vl", "qwen3_vl", "qwen3_5")
+#: (arch, scale) of the target/draft pairs the draft method's lossless checks run on.
+PAIRS = [("llama", 2.0), ("qwen2", 1.5), ("gemma4_text", 1.5)]
 
 
 def tiny_model(arch: str | dict, seed: int = 0, scale: float = 1.0, **overrides):

@@ -1,10 +1,15 @@
-"""The command line: JSON output, streaming, and one-line errors for bad input."""
+"""The command line: JSON output, streaming, one-line errors for bad input,
+Ctrl-C at any point, and the options it passes on to every model it loads."""
 
 import json
 import subprocess
 import sys
 
 import pytest
+from helpers import cli
+from models import random_prompt, tiny_target
+
+import hf2q_py
 
 
 def run(*args, timeout=300):
@@ -86,3 +91,58 @@ def test_streaming_output_and_summary(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip()
     assert "tok/s" in proc.stderr.splitlines()[-1]
+
+
+def test_ctrl_c_is_seen_between_short_prefill_chunks(monkeypatch, capsys):
+    from hf2q_py import target as target_module
+
+    assert target_module.PREFILL_CHUNK <= 512
+    target = tiny_target("llama")
+    widths = []
+    real = target_module.Runtime.forward
+
+    def spy(self, tokens, **kw):
+        widths.append(len(tokens))
+        return real(self, tokens, **kw)
+
+    monkeypatch.setattr(target_module.Runtime, "forward", spy)
+    target.runtime().prefill(random_prompt(1100), logits="none")
+    assert max(widths) <= target_module.PREFILL_CHUNK and sum(widths) == 1100
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hf2q_py, "load", interrupted)
+    rc, _, err = cli(capsys, "generate", "--prompt", "hi")
+    assert rc == 130 and err == ["hf2q-py: interrupted"]
+
+
+def test_the_draft_model_loads_with_the_requested_dtype(tmp_path, capsys, monkeypatch):
+    loads = []
+
+    def fake_load(source=None, *, dtype="auto"):
+        loads.append(dtype)
+        return tiny_target("llama", seed=len(loads), tokenizer=True)
+
+    monkeypatch.setattr(hf2q_py, "load", fake_load)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    rc, out, err = cli(
+        capsys,
+        "generate",
+        "--prompt",
+        "ab",
+        "--model",
+        str(model),
+        "--method",
+        "draft",
+        "--draft-model",
+        str(model),
+        "--dtype",
+        "float16",
+        "--max-tokens",
+        "3",
+        "--json",
+    )
+    assert rc == 0, err
+    assert loads == ["float16", "float16"]

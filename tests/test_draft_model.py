@@ -1,31 +1,23 @@
-"""Draft-model and layer-skip proposers on the shared engine: lossless, exact caches."""
+"""The draft-model proposer: lossless whatever the draft model, the target as its
+own draft accepts everything, a draft ends where the draft model is unsure, its
+cache holds only the drafts it kept, and draft models that cannot serve the
+target are refused (or, for a target's padding ids, drafting goes on)."""
 
+import math
+
+import mlx.core as mx
+import numpy as np
 import pytest
-from helpers import UNGATED, assert_same_greedy, reference_greedy
-from models import random_prompt, tiny_target
+from helpers import UNGATED, assert_same_greedy, baseline, reference_greedy
+from models import PAIRS, VOCAB, random_prompt, tiny_target
 
 import hf2q_py
 from hf2q_py.errors import Hf2qError
-from mlx.utils import tree_flatten
-
-from hf2q_py.draft_length import AdaptiveK
-from hf2q_py.engine import generate_tokens
-from hf2q_py.proposers import layer_skip
-from hf2q_py.proposers.layer_skip import (
-    LayerSkipProposer,
-    auto_candidates,
-    draft_cost_share,
-    optimistic_speedup,
-    skip_recipe,
-)
-from hf2q_py.stats import GenerationStats
+from hf2q_py.proposers.draft_model import DraftModelProposer
+from hf2q_py.sampling import Greedy
 
 # (target arch, scale): repetitive and varied models; gemma4 runs far past its window of 16.
 TARGETS = [("llama", 1.0), ("llama", 2.0), ("qwen2", 1.5), ("gemma4_text", 1.5)]
-
-
-def baseline(target, prompt, n):
-    return hf2q_py.generate(target, prompt, max_tokens=n).tokens
 
 
 @pytest.mark.parametrize("arch, scale", TARGETS)
@@ -72,6 +64,22 @@ def test_the_target_as_its_own_draft_accepts_everything(arch, scale, k):
     assert r.stats.mean_accepted_length > 1 + 0.9 * k * 0.8
 
 
+@pytest.mark.parametrize(
+    "arch, scale, seed", [("gemma4_text", 1.0, 0), ("gemma4", 1.0, 3), ("gpt_oss", 1.5, 3)]
+)
+def test_eos_and_budget_inside_a_draft_block(arch, scale, seed):
+    target = tiny_target(arch, scale=scale)
+    prompt = random_prompt(10, seed=seed)
+    free = reference_greedy(target.model, prompt, 40)
+    i = next(i for i in range(3, 40) if free[i] not in free[:i])
+    for n in (1, 5, 9, 17):
+        r = hf2q_py.generate(target, prompt, max_tokens=n, method="draft", draft=target, k=8, adaptive=False)
+        assert r.tokens == free[:n]
+    target.eos_token_ids = {free[i]}
+    r = hf2q_py.generate(target, prompt, max_tokens=40, method="draft", draft=target, k=8, adaptive=False)
+    assert r.tokens == free[:i] and r.stats.finish_reason == "stop"
+
+
 def test_draft_p_min_drafts_less_and_stays_lossless():
     target = tiny_target("llama", scale=2.0)
     draft = tiny_target("llama", seed=1, scale=2.0)
@@ -94,24 +102,104 @@ def test_draft_p_min_drafts_less_and_stays_lossless():
     assert gated.stats.drafted < free.stats.drafted
 
 
-@pytest.mark.parametrize(
-    "arch, scale, seed", [("gemma4_text", 1.0, 0), ("gemma4", 1.0, 3), ("gpt_oss", 1.5, 3)]
-)
-def test_eos_and_budget_inside_a_draft_block(arch, scale, seed):
-    target = tiny_target(arch, scale=scale)
-    prompt = random_prompt(10, seed=seed)
-    free = reference_greedy(target.model, prompt, 40)
-    i = next(i for i in range(3, 40) if free[i] not in free[:i])
-    for n in (1, 5, 9, 17):
-        r = hf2q_py.generate(target, prompt, max_tokens=n, method="draft", draft=target, k=8, adaptive=False)
-        assert r.tokens == free[:n]
-    target.eos_token_ids = {free[i]}
-    r = hf2q_py.generate(target, prompt, max_tokens=40, method="draft", draft=target, k=8, adaptive=False)
-    assert r.tokens == free[:i] and r.stats.finish_reason == "stop"
+def confidences(model, tokens):
+    """The draft model's top probability after every prefix of ``tokens`` (one full forward)."""
+    logits = model(mx.array([tokens]))[0].astype(mx.float32)
+    return mx.softmax(logits, axis=-1).max(axis=-1).tolist()
+
+
+@pytest.mark.parametrize("p_min", [0.05, 0.2, 0.5])
+def test_a_draft_ends_before_the_first_token_the_draft_is_unsure_of(p_min):
+    draft = tiny_target("llama", seed=1, scale=2.0)
+    prompt = random_prompt(10)
+    proposer = DraftModelProposer(draft, p_min=p_min)
+    proposer.start(None, prompt, {}, Greedy())
+    got = proposer.propose(prompt, 8).tokens
+    conf = confidences(draft.model, prompt + got)[len(prompt) - 1 :]
+    # every kept draft was at least p_min likely to the draft, and the next one was not
+    assert all(c >= p_min for c in conf[: len(got)])
+    if len(got) < 8:
+        assert conf[len(got)] < p_min
+    assert proposer.confidence == pytest.approx(conf[: len(got)], abs=1e-4)
+
+
+def own_probabilities(model, tokens):
+    """The draft model's probability of each next token of ``tokens`` (one full forward)."""
+    logits = model(mx.array([tokens]))[0].astype(mx.float32)
+    probs = mx.softmax(logits[:-1], axis=-1)
+    return mx.take_along_axis(probs, mx.array(tokens[1:])[:, None], axis=-1)[:, 0].tolist()
+
+
+@pytest.mark.parametrize("min_prob", [0.05, 0.3, 0.7])
+def test_a_draft_ends_at_the_token_where_its_probability_of_acceptance_falls_below_min_prob(min_prob):
+    draft = tiny_target("llama", seed=1, scale=2.0)
+    prompt = random_prompt(10)
+    proposer = DraftModelProposer(draft, min_prob=min_prob)
+    proposer.start(None, prompt, {}, Greedy())
+    got = proposer.propose(prompt, 8).tokens
+    assert got  # the first token is always kept
+    own = own_probabilities(draft.model, prompt + got)[len(prompt) - 1 :]
+    whole = [math.prod(own[: i + 1]) for i in range(len(got))]
+    # every token before the last kept one left the draft at least min_prob likely;
+    # a draft cut short ended at the token that took it below
+    assert all(w >= min_prob for w in whole[:-1])
+    if len(got) < 8:
+        assert whole[-1] < min_prob
+    assert proposer.rt.offset == len(proposer.cached)
+
+
+def test_a_sure_draft_model_drafts_the_whole_k():
+    target = tiny_target("llama", seed=0, scale=2.0)
+    prompt = random_prompt(10)
+    proposer = DraftModelProposer(target, min_prob=1e-9)  # any draft is likelier than this
+    proposer.start(None, prompt, {}, Greedy())
+    assert len(proposer.propose(prompt, 8).tokens) == 8
+
+
+def test_the_draft_cache_holds_the_kept_drafts_only():
+    draft = tiny_target("llama", seed=1, scale=2.0)
+    prompt = random_prompt(10)
+    proposer = DraftModelProposer(draft, p_min=0.2)
+    proposer.start(None, prompt, {}, Greedy())
+    got = proposer.propose(prompt, 8).tokens
+    assert proposer.rt.offset == len(proposer.cached) <= len(prompt) + len(got)
+    assert proposer.cached == (prompt + got)[: len(proposer.cached)]
+
+
+@pytest.mark.parametrize("arch, scale", PAIRS)
+@pytest.mark.parametrize("adaptive", [False, True])
+@pytest.mark.parametrize("gate", [dict(draft_p_min=0.1), dict(draft_min_prob=0.5)])
+def test_confidence_gated_drafts_are_lossless(arch, scale, adaptive, gate):
+    target = tiny_target(arch, seed=0, scale=scale)
+    draft = tiny_target(arch, seed=1, scale=scale)
+    prompt = random_prompt(12)
+    want = hf2q_py.generate(target, prompt, max_tokens=40).tokens
+    for d in (draft, target):  # a weak draft and a perfect one
+        r = hf2q_py.generate(
+            target, prompt, max_tokens=40, method="draft", draft=d, k=6, adaptive=adaptive, **gate
+        )
+        assert_same_greedy(target.model, prompt, r.tokens, want)
+
+
+def test_a_draft_model_reports_the_tokens_it_caught_up_on():
+    draft = tiny_target("llama", seed=1, scale=2.0)
+    proposer = DraftModelProposer(draft, lazy_prefill=True)
+    prompt = list(range(5, 30))
+    proposer.start(None, prompt, {}, Greedy())
+    first = proposer.propose(prompt, 3)
+    assert first.catch_up == len(prompt)  # the lazy prefill
+    after = prompt + first.tokens + [7]  # every draft accepted, then the bonus token
+    assert proposer.propose(after, 3).catch_up == 2  # the last draft (never fed) and the bonus token
+
+
+def test_draft_method_needs_a_draft_model():
+    with pytest.raises(Hf2qError, match="draft model"):
+        hf2q_py.generate(tiny_target("llama"), [1, 2], max_tokens=4, method="draft")
 
 
 def test_a_draft_model_with_another_vocabulary_is_refused():
     from models import CONFIGS, tiny_model
+
     from hf2q_py.target import Target
 
     target = tiny_target("llama")
@@ -124,87 +212,32 @@ def test_a_draft_model_with_another_vocabulary_is_refused():
         hf2q_py.generate(target, [1, 2, 3], max_tokens=4, method="draft", draft=big)
 
 
-def test_draft_method_needs_a_draft_model():
-    with pytest.raises(Hf2qError, match="draft model"):
-        hf2q_py.generate(tiny_target("llama"), [1, 2], max_tokens=4, method="draft")
+def test_a_draft_smaller_than_the_tokenizer_is_refused():
+    target = tiny_target("llama", tokenizer=True)
+    draft = tiny_target("llama", seed=1, tokenizer=True, vocab_size=100)  # tokenizer ids go to 127
+    with pytest.raises(
+        Hf2qError, match=r"draft model's vocabulary \(100\) is smaller than its tokenizer's \(128"
+    ):
+        hf2q_py.generate(target, "abc", max_tokens=4, method="draft", draft=draft)
 
 
-@pytest.mark.parametrize(
-    "arch, scale", [("llama", 1.0), ("llama", 2.0), ("qwen2", 1.5), ("gemma3_text", 1.5)]
-)
-@pytest.mark.parametrize("skip", [[1], [1, 2], "alternate", "early:2"])
-@pytest.mark.parametrize("k", [1, 3, 8])
-def test_layer_skip_is_lossless(arch, scale, skip, k):
-    target = tiny_target(arch, scale=scale)
-    prompt = random_prompt(12)
-    want = baseline(target, prompt, 48)  # gemma3_text: past its window of 16
-    r = hf2q_py.generate(
-        target, prompt, max_tokens=48, method="layerskip", skip_layers=skip, k=k, adaptive=False
+def test_target_padding_ids_never_index_past_the_draft_embedding():
+    """A target with a padded vocabulary (160 rows, tokenizer 128) may emit ids
+    the draft has no row for: drafting goes on, output equals plain decoding."""
+    target = tiny_target("llama", scale=3.0, tokenizer=True, vocab_size=160)
+    target.eos_token_ids = set()
+    draft = tiny_target("llama", seed=1, scale=3.0, tokenizer=True)
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0, 128, 12)]
+    want = hf2q_py.generate(target, prompt, max_tokens=40).tokens
+    assert max(want) >= VOCAB  # the case under test: ids past the draft's table
+    got = hf2q_py.generate(
+        target,
+        prompt,
+        max_tokens=40,
+        method="draft",
+        draft=draft,
+        k=4,
+        adaptive=False,
+        **UNGATED,
     )
-    assert_same_greedy(target.model, prompt, r.tokens, want)
-    assert r.stats.drafted > 0
-
-
-def test_layer_skip_auto_is_lossless_and_remembers_its_choice(monkeypatch):
-    monkeypatch.setattr(layer_skip, "MARGIN", 0.0)  # no candidate is dropped untried
-    target = tiny_target("llama", scale=1.0)
-    prompt = random_prompt(12)
-    want = baseline(target, prompt, 60)
-    r = hf2q_py.generate(target, prompt, max_tokens=60, method="layerskip", skip_layers="auto", k=4)
-    assert_same_greedy(target.model, prompt, r.tokens, want)
-    assert "auto" in target.kept.skip_sets  # calibrated once ...
-    again = LayerSkipProposer(target, "auto")
-    assert again.trials == []  # ... and the next run starts with the choice
-
-
-def test_auto_drops_untried_the_skip_sets_that_could_not_pay():
-    target = tiny_target("llama", scale=1.0)
-    prompt = random_prompt(12)
-    want = baseline(target, prompt, 30)
-    hopeless = LayerSkipProposer(target, "auto", optimistic_acceptance=0.0)
-    assert hopeless.trials  # candidates to try, until the prompt is in ...
-    stats = GenerationStats()
-    got = [
-        t
-        for new in generate_tokens(
-            target, prompt, max_tokens=30, proposer=hopeless, policy=AdaptiveK(4), stats=stats
-        )
-        for t in new
-    ]
-    assert got == want
-    assert hopeless.trials == [] and len(hopeless.pruned) == len(auto_candidates(target.num_layers))
-    assert stats.drafted == 0  # ... then plain decoding, with no calibration rounds
-    assert LayerSkipProposer(target, "auto").trials == []  # and the choice is remembered
-
-
-def test_a_skip_pass_costs_its_share_of_the_weights():
-    model = tiny_target("llama").model
-    n = len(model.layers)
-    assert draft_cost_share(model, []) == 1.0
-    shares = [draft_cost_share(model, range(m)) for m in range(n + 1)]
-    assert shares == sorted(shares, reverse=True)
-    head = model.model.embed_tokens.weight.nbytes  # tied embeddings: the head
-    assert shares[-1] == pytest.approx(
-        head
-        / (head + sum(sum(v.nbytes for _, v in tree_flatten(layer.parameters())) for layer in model.layers))
-    )
-
-
-def test_optimistic_speedup():
-    def flat(n):
-        return 1.0
-
-    assert optimistic_speedup(0.0, flat, 4, acceptance=1.0) == 5.0  # free, always-right drafts
-    assert optimistic_speedup(1.0, flat, 8, acceptance=1.0) < 1.0 + 1e-9  # a full pass per draft
-    assert optimistic_speedup(0.5, flat, 8, 0.0) < 1.0  # never accepted
-
-
-def test_skip_recipes():
-    assert skip_recipe("alternate", 6) == [1, 3, 5]
-    assert skip_recipe("early:4", 6) == [4, 5]
-    assert skip_recipe("middle:2", 6) == [2, 3]
-    assert skip_recipe("3,5,7", 30) == [3, 5, 7]
-    assert auto_candidates(30) == [list(range(12, 18)), list(range(10, 19)), list(range(20, 30))]
-    for bad in ("99", "early:0", "middle:30", "x,y", ""):
-        with pytest.raises(Hf2qError):
-            skip_recipe(bad, 30)
+    assert got.tokens == want and got.stats.drafted > 0

@@ -5,7 +5,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf2q_py.errors import Hf2qError
-from hf2q_py.proposers.ngram import NgramIndex, NgramProposer, lookup_by_rescan, propose_ngram
+from hf2q_py.proposers.ngram import (
+    MAX_NGRAM,
+    NgramIndex,
+    NgramProposer,
+    lookup_by_rescan,
+    propose_ngram,
+    validate_ngram,
+)
 
 
 @pytest.mark.parametrize(
@@ -65,6 +72,14 @@ def test_a_rewritten_history_is_reindexed():
 def test_bad_ngram_sizes_are_refused(min_n, max_n):
     with pytest.raises(Hf2qError):
         NgramProposer(min_n, max_n)
+
+
+def test_ngram_size_has_a_documented_maximum():
+    validate_ngram(1, MAX_NGRAM)
+    with pytest.raises(Hf2qError, match=f"ngram-max must be in \\[1, {MAX_NGRAM}\\]"):
+        validate_ngram(1, 100_000)
+    with pytest.raises(Hf2qError, match="ngram-min"):
+        validate_ngram(MAX_NGRAM + 1, MAX_NGRAM + 1)
 
 
 @pytest.mark.parametrize(

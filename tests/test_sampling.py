@@ -216,6 +216,23 @@ def test_filters_keep_the_right_tokens():
     assert p[0] == pytest.approx(0.5 / 0.8) and sum(p) == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("temperature", [1e-40, 5e-324, 1e-30])
+def test_tiny_temperatures_give_argmax_not_nan(temperature):
+    logits = mx.array([[1.0, 3.0, 2.0, -50.0], [0.5, 0.5, 0.1, 0.0]])
+    p = filtered_probs(logits, SamplingConfig(temperature=temperature))
+    assert not np.isnan(np.array(p)).any()
+    assert p.tolist() == [[0.0, 1.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0]]  # ties share the mass
+
+
+def test_sampling_at_a_tiny_temperature_is_greedy():
+    target = tiny_target("llama", scale=2.0)
+    prompt = random_prompt(8)
+    want = hf2q_py.generate(target, prompt, max_tokens=12).tokens
+    for method in ("baseline", "ngram"):
+        got = hf2q_py.generate(target, prompt, max_tokens=12, temperature=1e-40, seed=1, method=method)
+        assert got.tokens == want
+
+
 def test_repetition_penalty_matches_mlx_lm():
     from mlx_lm.sample_utils import make_repetition_penalty
 
