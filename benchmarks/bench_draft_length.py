@@ -108,7 +108,9 @@ def simulate(policy, hazards: list[float], tokens: int, seed: int, draft_cost: f
     first rejection of each round's drafts falls where ``hazards`` put it."""
     rng = random.Random(seed)
     answer = list(range(2, 2 + tokens))
-    proposer = _Drafts(1, answer, draft_cost, lambda position, i: rng.random() < _hazard(hazards, position, i))
+    proposer = _Drafts(
+        1, answer, draft_cost, lambda position, i: rng.random() < _hazard(hazards, position, i)
+    )
     return run(policy, proposer, [1], answer, slope)
 
 

@@ -364,7 +364,9 @@ def allowed(method: Method) -> str:
     return ", ".join([*method.options, *words])
 
 
-def build_proposer(target: Target, spec: SpecConfig, *, seeded_sampling: bool = False) -> tuple[Proposer, Policy]:
+def build_proposer(
+    target: Target, spec: SpecConfig, *, seeded_sampling: bool = False
+) -> tuple[Proposer, Policy]:
     """The proposer and draft-length policy for ``spec``, the policy made from
     the proposer's declared ``profile``. ``seeded_sampling``: the run must
     repeat exactly, so a proposer that drafts from distributions gets a K
@@ -384,5 +386,7 @@ def build_proposer(target: Target, spec: SpecConfig, *, seeded_sampling: bool = 
     proposer = method.builder()(target, spec)
     timings = target.kept.timings.setdefault(spec.method, Timings()) if spec.adaptive else None
     timed = not (seeded_sampling and method.draws_drafts)
-    policy = build_policy(proposer.profile, spec.draft_length, adaptive=spec.adaptive, timed=timed, timings=timings)
+    policy = build_policy(
+        proposer.profile, spec.draft_length, adaptive=spec.adaptive, timed=timed, timings=timings
+    )
     return proposer, policy

@@ -126,7 +126,9 @@ def test_a_measured_pipeline_restart_stands_weak_drafts_down():
     policy.update(Round(cost_seconds=0.5 * DECODE_S))  # so the next decode had little left to do
     policy.update(Round(cost_seconds=DECODE_S))  # pipelined again: the break cost 1 decode extra
     assert policy.cost_model.restart_cost() == pytest.approx(1.0)
-    assert policy.cost_model.time(1) == pytest.approx(DECODE_S)  # the decodes of the break are not the yardstick
+    assert policy.cost_model.time(1) == pytest.approx(
+        DECODE_S
+    )  # the decodes of the break are not the yardstick
     assert policy.cost_model.cost(2) == pytest.approx(1.1 + 1.0)  # measured: 1.1 decodes, plus the break
     assert policy.next_k("weak") == 0
     assert policy.next_k("strong") >= 8
@@ -172,9 +174,15 @@ def test_unmeasured_widths_follow_the_measured_ones():
         Round(drafted=8, accepted=8, cost_seconds=DECODE_S * 1.3)
     )  # measured: 9 tokens cost 1.3 decodes (prior: 1.96)
     assert policy.cost_model.cost(9) == pytest.approx(1.3)
-    assert policy.cost_model.cost(17) == pytest.approx(1.3 * policy.cost_model.prior_cost(17) / policy.cost_model.prior_cost(9))
-    assert policy.cost_model.cost(7) == pytest.approx(max(1.0, 1.3 * policy.cost_model.prior_cost(7) / policy.cost_model.prior_cost(9)))
-    assert AdaptiveK(32).cost_model.cost(17) == pytest.approx(AdaptiveK(32).cost_model.prior_cost(17))  # nothing measured
+    assert policy.cost_model.cost(17) == pytest.approx(
+        1.3 * policy.cost_model.prior_cost(17) / policy.cost_model.prior_cost(9)
+    )
+    assert policy.cost_model.cost(7) == pytest.approx(
+        max(1.0, 1.3 * policy.cost_model.prior_cost(7) / policy.cost_model.prior_cost(9))
+    )
+    assert AdaptiveK(32).cost_model.cost(17) == pytest.approx(
+        AdaptiveK(32).cost_model.prior_cost(17)
+    )  # nothing measured
 
 
 def simulate(policy, draft_cost: float, p_accept: float, tokens: int, seed: int = 0) -> float:
@@ -216,7 +224,11 @@ def test_the_cool_down_after_a_failed_probe_grows_with_its_measured_cost():
     simulate(cheap, 0.0, 0.0, 200)
     simulate(costly, 2.0, 0.0, 200)
     assert costly.cost_model.probe_excess == pytest.approx(2.0 + 0.1 * cheap.probes.probe_k, rel=0.2)
-    assert costly.probes.cooldown >= costly.cost_model.probe_excess / costly.probes.probe_budget > cheap.probes.cooldown
+    assert (
+        costly.probes.cooldown
+        >= costly.cost_model.probe_excess / costly.probes.probe_budget
+        > cheap.probes.cooldown
+    )
 
 
 def test_a_good_costly_proposer_still_drafts():

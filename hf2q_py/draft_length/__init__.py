@@ -36,7 +36,12 @@ __all__ = [
 
 
 def build_policy(
-    profile: DraftProfile, k: int, *, adaptive: bool = True, timed: bool = True, timings: Timings | None = None
+    profile: DraftProfile,
+    k: int,
+    *,
+    adaptive: bool = True,
+    timed: bool = True,
+    timings: Timings | None = None,
 ) -> Policy:
     """The policy for a proposer that declared ``profile``: K up to
     ``max(k, profile.min_k)``, fixed or adaptive. ``timed=False``: adaptive K

@@ -22,7 +22,12 @@ class Acceptance:
     """
 
     def __init__(
-        self, k_max: int, profile: DraftProfile, decay: float = 0.9, prior_weight: float = 1.0, key_weight: float = 1.0
+        self,
+        k_max: int,
+        profile: DraftProfile,
+        decay: float = 0.9,
+        prior_weight: float = 1.0,
+        key_weight: float = 1.0,
     ):
         self.k_max, self.profile = k_max, profile
         self.decay, self.prior_weight, self.key_weight = decay, prior_weight, key_weight

@@ -28,7 +28,12 @@ class AdaptiveK:
     """
 
     def __init__(
-        self, k_max: int, profile: DraftProfile | None = None, *, timings: Timings | None = None, timed: bool = True
+        self,
+        k_max: int,
+        profile: DraftProfile | None = None,
+        *,
+        timings: Timings | None = None,
+        timed: bool = True,
     ):
         validate_k(k_max)
         self.k_max = k_max

@@ -79,7 +79,9 @@ class MeasuredCosts:
     def __init__(self, k_max: int, profile: DraftProfile, timings: Timings | None = None, probe_k: int = 2):
         self.k_max, self.profile, self.probe_k = k_max, profile, probe_k
         self.timings = timings if timings is not None else Timings()
-        self.probe_excess: float | None = None  # decayed mean extra cost of a failed draft attempt, in decodes
+        self.probe_excess: float | None = (
+            None  # decayed mean extra cost of a failed draft attempt, in decodes
+        )
         self.draft_seconds: dict[Hashable, float] = {}  # key -> decayed sum of drafting seconds
         self.draft_tokens: dict[Hashable, float] = {}  # key -> decayed sum of drafted tokens
         self._break = [0.0, 0]  # seconds and decodes of the pipeline break in progress
@@ -194,7 +196,9 @@ class MeasuredCosts:
         tm.seconds[width] = 0.9 * tm.seconds.get(width, 0.0) + seconds
         tm.counts[width] = 0.9 * tm.counts.get(width, 0.0) + 1.0
         t1 = self.time(1)
-        if t1 and r.drafted and not r.accepted and not caught_up:  # a failed verify: drafting + the wider forward
+        if (
+            t1 and r.drafted and not r.accepted and not caught_up
+        ):  # a failed verify: drafting + the wider forward
             self._note_excess(r.cost_seconds / t1 - 1.0)
 
     def _end_break(self, t1: float | None) -> None:

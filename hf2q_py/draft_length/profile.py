@@ -62,6 +62,7 @@ class DraftProfile:
         key tables, the larger ``min_k``. Drafting is split when either
         splits it; the keys of a source that does not split cost nothing
         per draft token."""
+
         def free(p: DraftProfile) -> dict:
             return {k: 0.0 for k in p.key_priors} if not p.split_drafting else {}
 
@@ -71,7 +72,12 @@ class DraftProfile:
             key_priors={**self.key_priors, **other.key_priors},
             geometric_keys=self.geometric_keys | other.geometric_keys,
             split_drafting=split,
-            draft_cost_priors={**free(self), **self.draft_cost_priors, **free(other), **other.draft_cost_priors}
+            draft_cost_priors={
+                **free(self),
+                **self.draft_cost_priors,
+                **free(other),
+                **other.draft_cost_priors,
+            }
             if split
             else {**self.draft_cost_priors, **other.draft_cost_priors},
             min_k=max(self.min_k, other.min_k),

@@ -101,7 +101,9 @@ class RecordedRuntime:
         start = max(self.now, self._busy_until)
         self._busy_until = start + t.seconds(width) + (t.restart if idle and width == 1 else 0.0)
         self._ends.append(self._busy_until)
-        ahead = [t.stream[i] if i < len(t.stream) else 0 for i in range(self.offset + 1, self.offset + 1 + width)]
+        ahead = [
+            t.stream[i] if i < len(t.stream) else 0 for i in range(self.offset + 1, self.offset + 1 + width)
+        ]
         self.offset += width
         logits = mx.zeros((width, t.vocab_size))
         logits[mx.arange(width), mx.array(ahead)] = 1.0

@@ -377,7 +377,9 @@ def streams_and_costs(args: argparse.Namespace) -> tuple[list[Stream], CostModel
             streams = record_streams(target, default_workloads(), args.max_tokens or 256)
         else:
             streams, _ = load(args.streams)
-        save(args.streams, streams, measure_costs(target, streams[0].prompt + streams[0].output), target.source)
+        save(
+            args.streams, streams, measure_costs(target, streams[0].prompt + streams[0].output), target.source
+        )
     streams, cost = load(args.streams)
     if args.restart_cost is not None:
         if args.restart_cost < 0:
@@ -402,7 +404,9 @@ def write_results(path: str, argv: Sequence[str] | None, rows: list[ReplayRow], 
 
     command = "python -m hf2q_py.tools.replay " + shlex.join(list(sys.argv[1:] if argv is None else argv))
     notes = f"Modelled speed-ups: {relative_costs(cost)} (forward cost relative to one token)."
-    results.write(path, results.record(command, replay_tables(rows), notes=notes, data=[asdict(r) for r in rows]))
+    results.write(
+        path, results.record(command, replay_tables(rows), notes=notes, data=[asdict(r) for r in rows])
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
