@@ -217,6 +217,23 @@ def bound(streams: Sequence[Stream], cost: CostModel, k_max: int = 32) -> list[R
     return rows
 
 
+#: The label of the reference rule's rows.
+REFERENCE_LABEL = "reference: mlx-dspark lookup rule"
+
+
+def reference(streams: Sequence[Stream], cost: CostModel) -> list[ReplayRow]:
+    """Every stream replayed with mlx-dspark's lookup rule (``lookup_reference.py``)
+    in the same loop: a peer's proposal rule on the same recorded answers."""
+    from .lookup_reference import LONG, LookupReference
+
+    replayer = _Replayer(cost)
+    rows = []
+    for s in streams:
+        stats = replay_stream(s, replayer.target(s), LookupReference(), FixedK(LONG))
+        rows.append(replayer.row(s, REFERENCE_LABEL, stats))
+    return rows
+
+
 def record_streams(target, workloads, max_tokens: int, log: Callable[[str], None] = print) -> list[Stream]:
     """Plain greedy answers to every request of ``workloads`` (sessions in order)."""
     from ..generation import encode_prompt, generate
@@ -360,6 +377,11 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also replay the suffix proposer's drafts cut to what the target accepts (an upper bound)",
     )
+    ap.add_argument(
+        "--reference",
+        action="store_true",
+        help="also replay mlx-dspark's lookup rule (a peer's proposer, re-stated) in the same loop",
+    )
     ap.add_argument("--results", default=None, help="also write a results file (JSON) here")
     return ap
 
@@ -424,6 +446,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows += replay(streams, m.label, m.options, cost)
         if args.bound:
             rows += bound(streams, cost)
+        if args.reference:
+            rows += reference(streams, cost)
         print(markdown(rows))
         if args.results:
             write_results(args.results, argv, rows, cost)
