@@ -118,3 +118,15 @@ def test_a_session_workload_feeds_each_answer_to_the_next_request_and_retries():
     ]
     kinds = {x.kind for x in default_workloads()}
     assert {"code", "agent", "fresh", "prose", "doc"} <= kinds
+
+
+def test_a_cold_replay_starts_each_stream_on_a_fresh_target():
+    """Warm, the second of two alike streams starts from the costs the first
+    measured; cold, it starts from nothing measured, as the first did."""
+    out = [5, 6, 7, 8, 9] * 4 + list(range(100, 120)) + [5, 6, 7, 8, 9, 3]
+    streams = [Stream(n, "code", [1, 2, 5, 6, 7, 8, 9, 3], out) for n in ("a", "b")]
+    cold_a, cold_b = replay(streams, "x", {"method": "ngram"}, COST, cold=True)
+    warm_a, _ = replay(streams, "x", {"method": "ngram"}, COST)
+    assert (
+        (cold_b.rounds, cold_b.seconds) == (cold_a.rounds, cold_a.seconds) == (warm_a.rounds, warm_a.seconds)
+    )

@@ -136,13 +136,18 @@ def replay_stream(
 class _Replayer:
     """Recorded targets for a list of streams: streams of one session share a
     memory, in order; every other stream starts with an empty one. All
-    share what adaptive K learns of forward costs, as on one Target."""
+    share what adaptive K learns of forward costs, as on one Target; with
+    ``cold``, each session (and each other stream) starts on a freshly
+    loaded Target instead, nothing measured yet."""
 
-    def __init__(self, cost: CostModel):
-        self.cost, self.kept = cost, Kept()
+    def __init__(self, cost: CostModel, cold: bool = False):
+        self.cost, self.cold, self.kept = cost, cold, Kept()
         self.memories: dict[str, DraftMemory] = {}
 
     def target(self, s: Stream) -> RecordedTarget:
+        first = s.session is None or s.session not in self.memories
+        if self.cold and first:
+            self.kept = Kept()
         memory = self.memories.setdefault(s.session, DraftMemory()) if s.session else DraftMemory()
         return RecordedTarget(s.prompt, s.output, self.cost, self.cost.restart, memory, self.kept)
 
@@ -155,13 +160,14 @@ class _Replayer:
 
 
 def replay(
-    streams: Sequence[Stream], label: str, options: dict[str, Any], cost: CostModel
+    streams: Sequence[Stream], label: str, options: dict[str, Any], cost: CostModel, cold: bool = False
 ) -> list[ReplayRow]:
-    """Replay every stream with the method ``options`` (SpecConfig fields)."""
+    """Replay every stream with the method ``options`` (SpecConfig fields);
+    ``cold``: each session on a freshly loaded Target (see ``_Replayer``)."""
     from ..methods import SpecConfig, build_proposer
 
     rows = []
-    replayer = _Replayer(cost)
+    replayer = _Replayer(cost, cold)
     for s in streams:
         spec = SpecConfig(**options)
         if spec.method != "ngram":
@@ -378,6 +384,12 @@ def parser() -> argparse.ArgumentParser:
         help="also replay the suffix proposer's drafts cut to what the target accepts (an upper bound)",
     )
     ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="each session (or lone request) on a freshly loaded Target: forward costs not yet "
+        "measured, as for a first request or a CLI call",
+    )
+    ap.add_argument(
         "--reference",
         action="store_true",
         help="also replay mlx-dspark's lookup rule (a peer's proposer, re-stated) in the same loop",
@@ -443,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         rows = []
         for m in parse_methods(args.methods):
-            rows += replay(streams, m.label, m.options, cost)
+            rows += replay(streams, m.label, m.options, cost, cold=args.cold)
         if args.bound:
             rows += bound(streams, cost)
         if args.reference:
