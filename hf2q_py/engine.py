@@ -20,6 +20,7 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import mlx.core as mx
 
+from .distributed import Sharding, agree, token_check
 from .draft_length import NoDrafts, Policy, build_policy
 from .errors import Hf2qError
 from .proposers.base import Draft, PlainDecoding, Proposer
@@ -83,6 +84,8 @@ def generate_tokens(
         while True:
             step = loop.speculate() if loop.queued is None else None
             r, new, hidden = step or loop.decode()
+            if target.sharding is not None and proposer.active:
+                _agree(target.sharding, r, new)
             if not (plain_first_token and stats.rounds == 0):  # a decode by rule: no sample for the policy
                 policy.update(r)
             new, done = _commit(loop.tokens, new, eos, max_tokens, stats)
@@ -105,6 +108,19 @@ def generate_tokens(
     finally:
         stats.decode_seconds = rt.clock() - t_start
         _finish(rt, proposer, loop.tokens, keep=finished)
+
+
+#: The Round fields that are measured (and so differ between ranks).
+TIMED_FIELDS = ("cost_seconds", "propose_seconds", "verify_seconds", "sample_seconds")
+
+
+def _agree(sharding: Sharding, r: Round, new: list[int]) -> None:
+    """On a sharded target: give this round rank 0's timings on every rank, so
+    every rank's policy chooses the same draft lengths, and check that every
+    rank committed the same tokens."""
+    values = agree(sharding, [getattr(r, f) for f in TIMED_FIELDS], token_check(new))
+    for name, value in zip(TIMED_FIELDS, values):
+        setattr(r, name, value)
 
 
 def _finish(rt: Runtime, proposer: Proposer, tokens: list[int], keep: bool) -> None:

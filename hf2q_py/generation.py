@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import random
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 from collections.abc import Callable, Iterator, Sequence
 
 from .config import GenerationConfig, SpecConfig
+from .distributed import agree_seed
 from .sampling import SamplingConfig, make_decider
 from .engine import generate_tokens
 from .errors import Hf2qError, one_line
@@ -182,6 +184,9 @@ def _stream(
     sampling = config.sampling
     seeded = sampling is not None and not sampling.greedy and sampling.seed is not None
     proposer, policy = build_proposer(target, config.spec, seeded_sampling=seeded)
+    if sampling is not None and not sampling.greedy and sampling.seed is None and target.sharding:
+        # Every rank must draw the same random numbers: rank 0 picks the seed.
+        sampling = replace(sampling, seed=agree_seed(target.sharding, random.getrandbits(62)))
     tok = target.tokenizer
     text = StopText(tok.detokenizer, config.stop) if tok is not None else None
     rounds = generate_tokens(
@@ -193,7 +198,7 @@ def _stream(
         eos_token_ids=target.eos_token_ids,
         stats=stats,
         on_round=on_round,
-        decider=make_decider(config.sampling),
+        decider=make_decider(sampling),
         plain_first_token=config.plain_first_token,
     )
     sent = 0  # tokens yielded

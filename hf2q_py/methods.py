@@ -218,6 +218,7 @@ class Method:
     build: str | None = None
     draws_drafts: bool = False  # drafts drawn from distributions: with a seed, K must not depend on timings
     check: Callable[[SpecConfig], None] | None = None  # checks across options
+    reads_layers: bool = False  # skips or reads the target's layers by index: not on a pipeline
 
     def k_for(self, spec: SpecConfig) -> int:
         return self.default_k(spec) if callable(self.default_k) else self.default_k
@@ -264,6 +265,7 @@ METHODS: dict[str, Method] = {
             (*_SPECULATIVE, "skip_layers"),
             build=".proposers.layer_skip:build",
             draws_drafts=True,
+            reads_layers=True,
         ),
         Method(
             "dflash",
@@ -272,6 +274,7 @@ METHODS: dict[str, Method] = {
             required=("drafter",),
             build=".proposers.dflash:build",
             draws_drafts=True,
+            reads_layers=True,
         ),
     )
 }
@@ -381,6 +384,12 @@ def build_proposer(
         from .proposers.base import PlainDecoding
 
         return PlainDecoding(), NoDrafts()
+    sharding = target.sharding
+    if method.reads_layers and sharding is not None and sharding.mode == "pipeline":
+        raise Hf2qError(
+            f"{spec.method} reads the target's layers by index, and a pipeline-sharded "
+            "rank holds only some of them: use --shard tensor or another method"
+        )
     if seeded_sampling and method.draws_drafts and spec.memory:
         spec = replace(spec, memory=False)
     proposer = method.builder()(target, spec)

@@ -19,6 +19,7 @@ from collections.abc import Hashable, Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
+from .distributed import Sharding
 from .memory import DraftMemory
 from .cache import DEFAULT_SLACK, cache_state, make_cache, restore_layer, save_layer, trim_cache
 from .prompt_cache import PromptCache, Snapshot
@@ -70,7 +71,14 @@ class Target:
     wrapper that forwards are run on.
     """
 
-    def __init__(self, model: Any, tokenizer: Any = None, *, source: str = "<in-memory>"):
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        *,
+        source: str = "<in-memory>",
+        sharding: Sharding | None = None,
+    ):
         self.model = model
         self.lm = language_model(model)
         self.tokenizer = tokenizer
@@ -87,6 +95,8 @@ class Target:
         #: Model states by token prefix, so a prompt that extends an earlier
         #: one prefills only its new tokens (None: off; the server turns it on).
         self.prompt_cache: PromptCache | None = None
+        #: How the model is split over an ``mlx.launch`` group (None: it is whole).
+        self.sharding = sharding
 
     @classmethod
     def from_mlx_lm(cls, model: Any, tokenizer: Any = None) -> Target:
@@ -96,8 +106,12 @@ class Target:
 
     @property
     def layers(self) -> list:
-        """The language model's decoder layers."""
-        return self._decoder.layers if self._decoder is not None else self.lm.layers
+        """The language model's decoder layers (pipeline-sharded: this rank's)."""
+        if self._decoder is None:
+            return self.lm.layers
+        if getattr(self._decoder, "pipeline_size", 1) > 1:
+            return self._decoder.pipeline_layers
+        return self._decoder.layers
 
     @property
     def num_layers(self) -> int:

@@ -28,14 +28,15 @@ def parse_dtype(name: str | None) -> mx.Dtype | None:
     return DTYPES[key]
 
 
-def to_dtype(model: Any, dtype: mx.Dtype | None) -> Any:
-    """Dequantize quantized layers and cast float weights to ``dtype`` (in place)."""
-    if dtype is None:
-        return model
-    from mlx_lm.utils import dequantize_model
+def to_dtype(model: Any, dtype: mx.Dtype | None, *, evaluate: bool = True) -> Any:
+    """Dequantize quantized layers and cast float weights to ``dtype`` (in
+    place); ``evaluate``: and evaluate the weights (else they stay lazy)."""
+    if dtype is not None:
+        from mlx_lm.utils import dequantize_model
 
-    if any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules()):
-        model = dequantize_model(model)
-    model.set_dtype(dtype, lambda x: mx.issubdtype(x, mx.floating))
-    mx.eval(model.parameters())
+        if any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules()):
+            model = dequantize_model(model)
+        model.set_dtype(dtype, lambda x: mx.issubdtype(x, mx.floating))
+    if evaluate:
+        mx.eval(model.parameters())
     return model

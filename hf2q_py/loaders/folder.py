@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 
@@ -10,6 +11,7 @@ import mlx.core as mx
 from ..errors import ModelLoadError, UnsupportedModelError, one_line
 from ..target import Target
 from .convert import to_dtype
+from .split import Split
 
 
 #: A folder needs one of these for its tokenizer (fast, SentencePiece or BPE files).
@@ -36,7 +38,9 @@ def resolve_folder(source: str) -> Path:
         ) from e
 
 
-def load_folder(source: str, dtype: mx.Dtype | None) -> Target:
+def load_folder(source: str, dtype: mx.Dtype | None, split: Split | None = None) -> Target:
+    """Load an mlx-lm folder; ``split`` shards it before its weights are read
+    (each rank reads only its part of the safetensors)."""
     path = resolve_folder(source)
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path}: no config.json, so this is not a model folder")
@@ -46,12 +50,28 @@ def load_folder(source: str, dtype: mx.Dtype | None) -> Target:
         raise ModelLoadError(f"{path}: no tokenizer files (none of {', '.join(TOKENIZER_FILES)})")
     import mlx_lm
 
+    cfg = _read_config(path)
+    if split is not None:
+        split.plan(cfg)
     try:
-        model, tokenizer = mlx_lm.load(str(path))
+        model, tokenizer = mlx_lm.load(str(path), lazy=True)
     except ValueError as e:
         if "not supported" in str(e):
             raise UnsupportedModelError(f"{path}: {one_line(e)}") from e
         raise ModelLoadError(f"{path}: {one_line(e)}") from e
     except Exception as e:
         raise ModelLoadError(f"{path}: cannot load the model: {one_line(e)}") from e
-    return Target(to_dtype(model, dtype), tokenizer, source=str(path))
+    model = to_dtype(model, dtype, evaluate=False)
+    sharding = split.apply(model, cfg) if split is not None else None
+    mx.eval(model.parameters())  # a sharded rank reads only its own part
+    return Target(model, tokenizer, source=str(path), sharding=sharding)
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{path / 'config.json'}: {one_line(e)}") from e
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"{path / 'config.json'}: not a JSON object")
+    return cfg

@@ -20,6 +20,7 @@ import mlx.nn as nn
 from ..errors import ModelLoadError, one_line
 from ..target import Target
 from .convert import to_dtype
+from .split import Split
 from .gguf_arch import (
     ArchSpec,
     apply_rope_freqs,
@@ -128,21 +129,25 @@ def _load_model(header: GGUFHeader, spec: ArchSpec, cfg: dict[str, Any], dtype: 
         weights = {n: v.astype(mx.float32) if v.dtype == mx.float16 else v for n, v in weights.items()}
     model = _build(cfg, weights, bits)
     apply_rope_freqs(model, tensors, cfg)
-    mx.eval(model.parameters())
     return model
 
 
-def load_gguf(path: Path, dtype: mx.Dtype | None) -> Target:
-    """Load a GGUF file; ``dtype`` None keeps 4/8-bit weights quantized."""
+def load_gguf(path: Path, dtype: mx.Dtype | None, split: Split | None = None) -> Target:
+    """Load a GGUF file; ``dtype`` None keeps 4/8-bit weights quantized;
+    ``split`` shards the model (every rank reads the file and keeps its part)."""
     path = Path(path)
     if not path.is_file():
         raise ModelLoadError(f"{path}: no such file")
     header, spec, cfg = plan_gguf(path)
+    if split is not None:
+        split.plan(cfg)
     from .gguf_tokenizer import tokenizer_from_gguf
 
     # The tokenizer (Python and Rust) builds while MLX reads and converts the tensors.
     with ThreadPoolExecutor(max_workers=1) as pool:
         tokenizer_job = pool.submit(tokenizer_from_gguf, header.metadata)
         model = _load_model(header, spec, cfg, dtype)
+        sharding = split.apply(model, cfg) if split is not None else None
+        model = to_dtype(model, dtype)  # evaluates the weights (a rank's own part)
         tokenizer = tokenizer_job.result()
-    return Target(to_dtype(model, dtype), tokenizer, source=str(path))
+    return Target(model, tokenizer, source=str(path), sharding=sharding)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from ..distributed import agree
 from ..errors import Hf2qError
 from ..taps import check_skip_set, check_skippable, embedding, find_decoder, language_model
 from ..target import Target
@@ -209,7 +210,7 @@ class LayerSkipProposer(Proposer):
             return seconds
 
         forward_seconds(1)  # warm-up
-        one, wide = forward_seconds(1), forward_seconds(self.k_max + 1)
+        one, wide = self._agreed(forward_seconds(1), forward_seconds(self.k_max + 1))
         slope = max(0.0, wide / one - 1) / self.k_max
 
         def verify_cost(n: int) -> float:
@@ -226,6 +227,11 @@ class LayerSkipProposer(Proposer):
         self.trials = [None, *kept] if kept else []
         if not kept:
             self._remember(None)
+
+    def _agreed(self, *seconds: float) -> list[float]:
+        """Measured ``seconds`` as every rank of a sharded target takes them: rank 0's."""
+        sharding = self.target.sharding
+        return list(seconds) if sharding is None else agree(sharding, seconds)
 
     def start(self, runtime, prompt, hidden, decider) -> None:
         self.decider = decider
@@ -255,7 +261,8 @@ class LayerSkipProposer(Proposer):
     def update(self, tokens, drafted, accepted, hidden) -> None:
         now = time.perf_counter()
         if self.trials:
-            self._account(len(tokens) - self._last_len, now - self._t_last)
+            (seconds,) = self._agreed(now - self._t_last)
+            self._account(len(tokens) - self._last_len, seconds)
         self._last_len, self._t_last = len(tokens), now
 
 

@@ -46,6 +46,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         help="auto (float32 on CPU, stored weights on GPU), keep, float32, float16, bfloat16",
     )
     p.add_argument(
+        "--shard",
+        default="auto",
+        choices=("auto", "tensor", "pipeline", "none"),
+        help="under mlx.launch: split the model over the ranks by tensor or pipeline "
+        "(auto: tensor where the architecture has it), or none (each rank runs it whole)",
+    )
+    p.add_argument(
         "--no-openblas",
         action="store_true",
         help="keep MLX's own BLAS on Linux CPUs (slower; bit-identical batched/single-token matmuls)",
@@ -157,6 +164,20 @@ def check_sources(specs) -> None:
             check_source(s.options["draft"])
         if isinstance(s.options.get("drafter"), str):
             check_drafter_folder(s.options["drafter"])
+
+
+def load_target(args: argparse.Namespace):
+    """The ``--model`` target, sharded by ``--shard`` over the ``mlx.launch`` group if any."""
+    import hf2q_py
+    from hf2q_py.distributed import launched_group
+
+    return hf2q_py.load(args.model, dtype=args.dtype, group=launched_group(), shard=args.shard)
+
+
+def sharding_fields(target) -> dict:
+    """``ranks`` and ``shard`` for JSON output and results files."""
+    sh = target.sharding
+    return {"ranks": sh.size if sh is not None else 1, "shard": sh.mode if sh is not None else "none"}
 
 
 def load_drafts(specs, dtype: str) -> None:
@@ -554,7 +575,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             check_writable(path, what)
     parse_dtype(args.dtype)
     check_source(args.model)
-    target = hf2q_py.load(args.model, dtype=args.dtype)
+    target = load_target(args)
     load_drafts(methods, args.dtype)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     rows = run_bench(
@@ -563,7 +584,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     table = markdown_table(rows)
     header = (
         f"hf2q-py bench, {timestamp()}: model {target.source}, dtype {args.dtype}, "
-        f"max_tokens {args.max_tokens}, repeats {args.repeats}, temperature {args.temp}, OpenBLAS {hf2q_py.openblas_status().state}\n"
+        f"max_tokens {args.max_tokens}, repeats {args.repeats}, temperature {args.temp}, "
+        f"OpenBLAS {hf2q_py.openblas_status().state}{ranks_note(target)}\n"
     )
     print(header)
     print(table)
@@ -594,6 +616,7 @@ def write_bench_results(args: argparse.Namespace, target, rows) -> None:
         repeats=args.repeats,
         temperature=args.temp,
         openblas=hf2q_py.openblas_status().state,
+        **sharding_fields(target),
     )
     notes = (
         f"Model {Path(str(target.source)).name}, dtype {args.dtype}, at most {args.max_tokens} new tokens, "
@@ -626,7 +649,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     parse_dtype(args.dtype)
     check_source(args.model)
     check_sources([spec])
-    target = hf2q_py.load(args.model, dtype=args.dtype)
+    target = load_target(args)
     load_drafts([spec], args.dtype)
     config.spec.draft = spec.options.get("draft")
     ids = encode_prompt(target, prompt, config.chat_template)
@@ -650,6 +673,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     "tokens": result.tokens,
                     "prompt_tokens": len(result.prompt_tokens),
                     "finish_reason": result.finish_reason,
+                    **sharding_fields(target),
                     "stats": result.stats.to_dict(),
                 }
             )
@@ -715,7 +739,6 @@ def parse_ab_methods(args: argparse.Namespace) -> list:
 
 
 def cmd_ab(args: argparse.Namespace) -> int:
-    import hf2q_py
     from hf2q_py.tools.ab import run_ab, table
     from hf2q_py.generation import encode_prompt, make_config
     from hf2q_py.loaders import check_source
@@ -730,7 +753,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
     parse_dtype(args.dtype)
     check_source(args.model)
     check_sources(methods)
-    target = hf2q_py.load(args.model, dtype=args.dtype)
+    target = load_target(args)
     load_drafts(methods, args.dtype)
     from hf2q_py.proposers.draft_model import check_compatible
 
@@ -792,7 +815,6 @@ def api_key(args: argparse.Namespace) -> str | None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import hf2q_py
     from hf2q_py.generation import make_config
     from hf2q_py.loaders import check_source
     from hf2q_py.loaders.convert import parse_dtype
@@ -802,6 +824,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from hf2q_py.server.main import bind
     from hf2q_py.validate import check_float
 
+    from hf2q_py.distributed import launched_group
+
+    if launched_group() is not None:
+        raise Hf2qError(
+            "serve does not run under mlx.launch yet: a sharded model serves no requests "
+            "(generate, ab and bench run sharded)"
+        )
     spec, files = serve_method(args)  # every option is checked before the model loads
     make_config(max_tokens=args.max_tokens, temperature=args.temp, **spec.options)
     check_float("temp", args.temp, 0.0, 2.0)
@@ -811,7 +840,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     served = MethodSpec("served", {"method": "draft", **files})
     check_sources([spec, served])
     sock = bind(args.host, args.port)  # a port in use is refused before the model loads
-    target = hf2q_py.load(args.model, dtype=args.dtype)
+    target = load_target(args)
     load_drafts([served], args.dtype)
     if "draft" in spec.options:
         spec.options["draft"] = served.options["draft"]
@@ -837,6 +866,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(target, config, sock=sock, access_log=args.access_log, announce=announce)
 
 
+def ranks_note(target) -> str:
+    sh = target.sharding
+    return f", {sh.size} ranks ({sh.mode} parallel)" if sh is not None else ""
+
+
+def _rank() -> int:
+    """This process's rank under ``mlx.launch`` (0 when it runs alone)."""
+    if not any(k in os.environ for k in ("MLX_RANK", "OMPI_COMM_WORLD_RANK")):
+        return 0
+    from hf2q_py.distributed import launched_group
+
+    group = launched_group()
+    return group.rank() if group is not None else 0
+
+
+def _local(error: Hf2qError) -> bool:
+    """Errors one rank can have alone (its files), which every rank reports."""
+    from hf2q_py.distributed import RanksDiverged
+    from hf2q_py.errors import ModelLoadError
+
+    return isinstance(error, (ModelLoadError, RanksDiverged))
+
+
 COMMANDS = {
     "generate": cmd_generate,
     "bench": cmd_bench,
@@ -854,10 +906,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "no_openblas", False) and "mlx.core" not in sys.modules:
         # OpenBLAS is loaded when hf2q_py is imported; restart with mlx.core first.
         os.execv(sys.executable, [sys.executable, "-c", _NO_OPENBLAS_BOOT, *argv])
+    rank = _rank()
+    if rank:  # under mlx.launch, rank 0 alone prints; the others run the same loop in silence
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
     try:
         return COMMANDS[args.command](args)
     except Hf2qError as e:
-        print(f"hf2q-py: error: {one_line(e, limit=1000)}", file=sys.stderr)
+        if not rank or _local(e):
+            where = f" (rank {rank})" if rank else ""
+            print(f"hf2q-py{where}: error: {one_line(e, limit=1000)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("hf2q-py: interrupted", file=sys.stderr)

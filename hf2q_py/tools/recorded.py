@@ -33,6 +33,7 @@ class RecordedTarget:
     ``kept`` are shared with other streams as on one Target."""
 
     prompt_cache = None
+    sharding = None
 
     def __init__(
         self,

@@ -1,0 +1,147 @@
+"""Sharded targets under ``mlx.launch -n 2 --backend ring`` on loopback: every
+method's tokens on two ranks equal one process's, the command line prints on
+rank 0 alone, and models that cannot shard are refused in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from gguf_export import export
+from models import tiny_target
+
+from hf2q_py.distributed import plan
+from hf2q_py.errors import UnsupportedModelError
+from hf2q_py.tools.dflash_make import drafter_for, save_drafter
+
+HERE = Path(__file__).parent
+BIN = Path(sys.executable).parent
+LAUNCH = BIN / "mlx.launch"
+HF2Q = BIN / "hf2q-py"
+TIMEOUT = 300
+
+
+def free_port() -> int:
+    """A loopback port with the next one free as well (the ring takes one per rank)."""
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+            return port
+    raise RuntimeError("no two free ports in a row")
+
+
+def launch(*command: str, ranks: int = 2) -> subprocess.CompletedProcess:
+    """``command`` on ``ranks`` local ranks, as a user starts it."""
+    argv = [str(LAUNCH), "-n", str(ranks), "--backend", "ring", "--starting-port", str(free_port())]
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run([*argv, *command], capture_output=True, text=True, timeout=TIMEOUT, env=env)
+
+
+def alone(*command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def error_lines(stderr: str) -> list[str]:
+    """hf2q-py's own lines (mlx.launch adds its own about each rank's exit)."""
+    return [line for line in stderr.splitlines() if line.startswith("hf2q-py")]
+
+
+def test_every_method_on_two_ranks_gives_the_tokens_of_one(tmp_path):
+    """Greedy and seeded sampling, tensor and pipeline, rollback on sliding
+    windows (gpt-oss) and recurrent layers (qwen3-next); unseeded sampling
+    agrees between the ranks."""
+    drafter = tmp_path / "drafter"
+    target = tiny_target("llama", seed=1, scale=2.0)
+    save_drafter(drafter_for(target, layers=1, target_layer_ids=(1, 3), block_size=8), drafter)
+    script = str(HERE / "distributed_run.py")
+    one = json_lines(alone(sys.executable, script, str(drafter)).stdout)[0]
+    proc = launch(sys.executable, script, str(drafter))
+    ranks = json_lines(proc.stdout)
+    assert len(ranks) == 2, proc.stderr[-3000:]
+    assert {r["rank"] for r in ranks} == {0, 1} and all(r["ranks"] == 2 for r in ranks)
+    for r in ranks:
+        for name, tokens in one.items():
+            if name.endswith("unseeded") or name in ("rank", "ranks"):
+                continue
+            if name.startswith("qwen2/pipeline/") and name.endswith(("layerskip", "dflash")):
+                assert "a pipeline-sharded rank holds only some" in r[name]  # refused alike
+            else:
+                assert r[name] == tokens, (r["rank"], name)
+    for name in (n for n in one if n.endswith("unseeded")):
+        assert ranks[0][name] == ranks[1][name], name
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("gguf") / "llama.gguf"
+    export(path, "llama", seed=4)
+    return path
+
+
+def generate_args(model: Path, method: str) -> list[str]:
+    return [
+        "generate", "--model", str(model), "--method", method, "--max-tokens", "24",
+        "--no-chat-template", "--prompt", "def f(x):\n    return x\ndef f(x):\n", "--json",
+    ]  # fmt: skip
+
+
+def test_generate_under_mlx_launch_prints_once_and_names_its_ranks(tiny_gguf):
+    one = json_lines(alone(str(HF2Q), *generate_args(tiny_gguf, "ngram")).stdout)[0]
+    proc = launch(str(HF2Q), *generate_args(tiny_gguf, "ngram"))
+    printed = json_lines(proc.stdout)
+    assert len(printed) == 1, proc.stdout + proc.stderr[-2000:]
+    assert printed[0]["tokens"] == one["tokens"]
+    assert (printed[0]["ranks"], printed[0]["shard"]) == (2, "tensor")
+    assert (one["ranks"], one["shard"]) == (1, "none")
+
+
+def test_ab_under_mlx_launch_finds_every_method_identical(tiny_gguf):
+    proc = launch(
+        str(HF2Q), "ab", "--model", str(tiny_gguf), "--methods", "ngram,layerskip", "--max-tokens", "16",
+        "--no-chat-template", "--prompt", "abc abc abc", "--json",
+    )  # fmt: skip
+    printed = json_lines(proc.stdout)
+    assert len(printed) == 1, proc.stdout + proc.stderr[-2000:]
+    verdicts = [r["verdict"] for r in printed[0]["results"]]
+    assert verdicts and all(v == "identical" for v in verdicts), verdicts
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        ([], ["llama", "9 attention heads", "divide by 2"]),  # the built-in model
+        (["--shard", "pipeline"], ["llama", "no pipeline split"]),
+    ],
+)
+def test_a_model_that_cannot_shard_is_refused_in_one_line(flags, words):
+    proc = launch(str(HF2Q), "generate", "--prompt", "hi", "--max-tokens", "4", *flags)
+    lines = error_lines(proc.stderr)
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and not proc.stdout.strip()
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_shard_plans_name_the_reason():
+    base = dict(model_type="qwen2", num_hidden_layers=4, num_attention_heads=14, num_key_value_heads=2)
+    assert plan({**base, "intermediate_size": 4864}, "auto", 2) == "tensor"
+    assert plan({**base, "intermediate_size": 4864}, "auto", 4) == "pipeline"  # 14 heads, 4 ranks
+    with pytest.raises(UnsupportedModelError, match="4 layers, fewer than the 8 ranks"):
+        plan(base, "pipeline", 8)
+    with pytest.raises(UnsupportedModelError, match="gemma4_text cannot be sharded"):
+        plan(dict(model_type="gemma4_text", num_hidden_layers=4), "auto", 2)
