@@ -171,7 +171,10 @@ def load_target(args: argparse.Namespace):
     import hf2q_py
     from hf2q_py.distributed import launched_group
 
-    return hf2q_py.load(args.model, dtype=args.dtype, group=launched_group(), shard=args.shard)
+    group = launched_group()
+    if group is None:
+        return hf2q_py.load(args.model, dtype=args.dtype)
+    return hf2q_py.load(args.model, dtype=args.dtype, group=group, shard=args.shard)
 
 
 def sharding_fields(target) -> dict:
