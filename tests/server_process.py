@@ -11,8 +11,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 START_SECONDS = 120
@@ -22,6 +24,14 @@ START_SECONDS = 120
 class Server:
     process: subprocess.Popen
     url: str  # http://127.0.0.1:PORT
+    log: Any = None  # the process's stderr, a file
+    _stderr: str | None = None  # what it held when the server stopped
+
+    def stderr(self) -> str:
+        if self._stderr is not None:
+            return self._stderr
+        self.log.seek(0)
+        return self.log.read()
 
     @property
     def base(self) -> str:
@@ -63,21 +73,35 @@ def server_command(*flags: str) -> list[str]:
 
 
 @contextmanager
-def running_server(*flags: str):
-    """The server started as a user starts it, stopped with SIGTERM afterwards."""
+def running_server(*flags: str, launcher: Sequence[str] = ()):
+    """The server started as a user starts it (after ``launcher``, such as
+    ``mlx.launch -n 2``, in a session of its own), stopped with SIGTERM
+    afterwards (SIGINT to the session under a launcher, as Ctrl-C sends)."""
     log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed below; stderr: a pipe nobody reads could fill and block it
+    bin_dir = os.path.dirname(sys.executable)
     proc = subprocess.Popen(
-        server_command("--port", "0", *flags),
+        [*launcher, *server_command("--port", "0", *flags)],
         stdout=subprocess.PIPE,
         stderr=log,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        },
+        start_new_session=bool(launcher),
     )
+    server = None
     try:
-        url = _announced_url(proc, log)
-        yield Server(proc, url)
+        server = Server(proc, _announced_url(proc, log), log)
+        yield server
     finally:
-        stop(proc)
+        if launcher:
+            stop_session(proc)
+        else:
+            stop(proc)
+        if server is not None:
+            server._stderr = server.stderr()
         log.close()
 
 
@@ -89,6 +113,20 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 30)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    return proc.returncode
+
+
+def stop_session(proc: subprocess.Popen, timeout: float = 30) -> int:
+    """SIGINT to every process of ``proc``'s session (Ctrl-C in its terminal)."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        except ProcessLookupError:
+            pass
     return proc.returncode
 
 

@@ -4,16 +4,22 @@ rank 0 alone, and models that cannot shard are refused in one line."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import openai
 import pytest
 from gguf_export import export
 from models import tiny_target
+from server_process import running_server
+
+import hf2q_py
 
 from hf2q_py.distributed import plan
 from hf2q_py.errors import UnsupportedModelError
@@ -24,6 +30,7 @@ BIN = Path(sys.executable).parent
 LAUNCH = BIN / "mlx.launch"
 HF2Q = BIN / "hf2q-py"
 TIMEOUT = 300
+TOKENS = {"hf2q": {"return_tokens": True}}
 
 
 def free_port() -> int:
@@ -145,3 +152,57 @@ def test_shard_plans_name_the_reason():
         plan(base, "pipeline", 8)
     with pytest.raises(UnsupportedModelError, match="gemma4_text cannot be sharded"):
         plan(dict(model_type="gemma4_text", num_hidden_layers=4), "auto", 2)
+
+
+def launcher() -> list[str]:
+    return [str(LAUNCH), "-n", "2", "--backend", "ring", "--starting-port", str(free_port())]
+
+
+def test_serve_under_mlx_launch_answers_as_one_process_would_and_stops_on_ctrl_c(tiny_gguf):
+    """Rank 0 answers HTTP while both ranks run each request: greedy answers
+    equal one process's, a retried request drafts from the first answer on
+    both ranks, a client leaving mid-stream ends the job on both ranks."""
+    alone_target = hf2q_py.load(tiny_gguf)
+    prompt = "def f(x):\n    return x\ndef f(x):\n"
+    ids = hf2q_py.encode_prompt(alone_target, prompt, chat_template=False)
+    want = hf2q_py.generate(alone_target, ids, max_tokens=24, method="ngram").tokens
+    want_sampled = hf2q_py.generate(
+        alone_target, ids, max_tokens=24, method="ngram", temperature=0.8, seed=5
+    ).tokens
+    with running_server("--model", str(tiny_gguf), "--method", "ngram", launcher=launcher()) as s:
+        client = openai.OpenAI(base_url=s.base, api_key="unused", max_retries=0, timeout=120)
+
+        def complete(**kw):
+            r = client.completions.create(
+                model="llama", prompt=prompt, max_tokens=24, temperature=0, extra_body=TOKENS, **kw
+            )
+            return r.model_extra["hf2q"]
+
+        first = complete()
+        assert first["tokens"] == want, s.stderr()[-3000:]
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        body = {"model": "llama", "prompt": "a b c", "max_tokens": 4000, "stream": True}
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        conn.getresponse().read1(100)
+        conn.sock.close()
+        conn.close()
+        again = complete()
+        assert again["tokens"] == want, s.stderr()[-3000:]
+        assert again["accepted"] >= len(want) - 2  # drafted from the first answer, on both ranks
+        time.sleep(0.5)  # idle ticks between requests
+        sampled = client.completions.create(
+            model="llama", prompt=prompt, max_tokens=24, temperature=0.8, seed=5, extra_body=TOKENS
+        )
+        assert sampled.model_extra["hf2q"]["tokens"] == want_sampled
+    # Ctrl-C: rank 0 stops the other rank and both exit; mlx.launch itself
+    # ends on the KeyboardInterrupt, after its ranks.
+    assert not session_alive(s.process.pid)
+    assert "hf2q_py" not in s.stderr() and "error" not in s.stderr().lower(), s.stderr()[-3000:]
+
+
+def session_alive(session: int) -> bool:
+    try:
+        os.killpg(session, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -20,6 +20,7 @@ import uvicorn
 from ..errors import Hf2qError
 from ..target import Target
 from .app import ServerConfig, create_app
+from .relay import Relay
 from .worker import Worker
 
 STARTUP_SECONDS = 30.0
@@ -51,12 +52,15 @@ def serve(
 ) -> int:
     """Serve ``target`` on ``host:port`` (or on ``sock``, already listening)
     until SIGINT or SIGTERM; returns the exit status. ``announce`` receives
-    the URL once the server answers."""
+    the URL once the server answers. A sharded target is served from rank 0
+    while the other ranks run :func:`~hf2q_py.server.relay.follow`."""
     logging.basicConfig(
         level=logging.INFO, format="hf2q-py serve: %(levelname)s %(message)s", stream=sys.stderr
     )
     sock = sock or bind(host, port)
-    worker = Worker(target, config.max_queue)
+    sharding = getattr(target, "sharding", None)
+    relay = Relay(sharding) if sharding is not None else None
+    worker = Worker(target, config.max_queue, relay)
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(worker, config),
@@ -94,6 +98,8 @@ def serve(
         worker.run()
         thread.join(GRACE_SECONDS + 5)
     finally:
+        if relay is not None:
+            relay.stop()
         for s, handler in previous.items():
             signal.signal(s, handler)
         sock.close()

@@ -23,6 +23,7 @@ from ..errors import Hf2qError, one_line
 from ..generation import stream_generate
 from ..stats import GenerationStats
 from ..target import Target
+from .relay import Relay
 
 log = logging.getLogger("hf2q_py.server")
 
@@ -90,9 +91,10 @@ class Worker:
     """Runs jobs one at a time on ``target``, at most ``max_queue`` waiting
     (a cancelled job frees its place at once)."""
 
-    def __init__(self, target: Target, max_queue: int = 16):
+    def __init__(self, target: Target, max_queue: int = 16, relay: Relay | None = None):
         self.target = target
         self.max_queue = max_queue
+        self.relay = relay
         self._pending: deque[Job] = deque()
         self._ready = threading.Condition()
         self.running: Job | None = None
@@ -116,21 +118,32 @@ class Worker:
 
     def run(self) -> None:
         """Serve jobs until :meth:`stop`; call from the thread that owns the model."""
+        try:
+            while (job := self._next()) is not None:
+                self.running = job
+                try:
+                    self._serve(job)
+                finally:
+                    self.running = None
+        finally:
+            if self.relay is not None:
+                self.relay.stop()
+        self._fail_waiting()
+
+    def _next(self) -> Job | None:
+        """The next job not cancelled, or None once stopping (idle ticks to the other ranks meanwhile)."""
         while True:
             with self._ready:
-                while not self._pending and not self._stopping:
+                if not self._pending and not self._stopping:
                     self._ready.wait(0.1)
                 if self._stopping:
-                    break
-                job = self._pending.popleft()
-            if job.cancelled.is_set():
-                continue
-            self.running = job
-            try:
-                self._serve(job)
-            finally:
-                self.running = None
-        self._fail_waiting()
+                    return None
+                job = self._pending.popleft() if self._pending else None
+            if job is None:
+                if self.relay is not None:
+                    self.relay.idle()
+            elif not job.cancelled.is_set():
+                return job
 
     def stop(self) -> None:
         """Stop: the running job is cancelled, waiting ones fail with 503.
@@ -139,6 +152,10 @@ class Worker:
         running = self.running
         if running is not None:
             running.cancel()
+
+    def _going_on(self, job: Job) -> bool:
+        go = not job.cancelled.is_set()
+        return go if self.relay is None else self.relay.going_on(go)
 
     def _fail_waiting(self) -> None:
         with self._ready:
@@ -150,11 +167,13 @@ class Worker:
         """Run one job, emitting its events; never raises."""
         stats = GenerationStats(method=job.config.spec.method)
         try:
+            if self.relay is not None:
+                self.relay.send(job.ids, job.config)
             stream = stream_generate(self.target, job.ids, config=job.config, stats=stats)
             try:
                 for chunk in stream:
                     job.emit(Piece(chunk.text, chunk.tokens))
-                    if job.cancelled.is_set():
+                    if not self._going_on(job):
                         break
             finally:
                 stream.close()

@@ -827,13 +827,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from hf2q_py.server.main import bind
     from hf2q_py.validate import check_float
 
-    from hf2q_py.distributed import launched_group
+    from hf2q_py.server.relay import follow
 
-    if launched_group() is not None:
-        raise Hf2qError(
-            "serve does not run under mlx.launch yet: a sharded model serves no requests "
-            "(generate, ab and bench run sharded)"
-        )
     spec, files = serve_method(args)  # every option is checked before the model loads
     make_config(max_tokens=args.max_tokens, temperature=args.temp, **spec.options)
     check_float("temp", args.temp, 0.0, 2.0)
@@ -842,13 +837,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_source(args.model)
     served = MethodSpec("served", {"method": "draft", **files})
     check_sources([spec, served])
-    sock = bind(args.host, args.port)  # a port in use is refused before the model loads
+    from hf2q_py.distributed import launched_group
+
+    if launched_group() is not None and args.shard == "none":
+        raise Hf2qError("serve --shard none under mlx.launch would load the model on every rank for one server: "
+                        "run serve without mlx.launch, or shard the model")  # fmt: skip
+    follower = _rank() > 0  # under mlx.launch, rank 0 serves and the others follow it
+    sock = None if follower else bind(args.host, args.port)  # a port in use: refused before loading
     target = load_target(args)
     load_drafts([served], args.dtype)
     if "draft" in spec.options:
         spec.options["draft"] = served.options["draft"]
     if not args.no_prompt_cache:
         target.prompt_cache = PromptCache(args.prompt_cache_entries, args.prompt_cache_bytes)
+    if follower:
+        return follow(target, served.options)
     name = args.served_model_name or Path(str(target.source)).name.removesuffix(".gguf")
     config = ServerConfig(
         model_name=name,
@@ -910,8 +913,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # OpenBLAS is loaded when hf2q_py is imported; restart with mlx.core first.
         os.execv(sys.executable, [sys.executable, "-c", _NO_OPENBLAS_BOOT, *argv])
     rank = _rank()
-    if rank:  # under mlx.launch, rank 0 alone prints; the others run the same loop in silence
+    if rank:  # under mlx.launch, rank 0 alone prints and writes; the others run the same loop in silence
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
+        for output in ("results", "markdown", "chart"):
+            if getattr(args, output, None) is not None:
+                setattr(args, output, None)
     try:
         return COMMANDS[args.command](args)
     except Hf2qError as e:
