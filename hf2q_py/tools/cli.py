@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 from collections.abc import Sequence
@@ -711,6 +712,8 @@ def read_ab_prompts(args: argparse.Namespace) -> list[str]:
 
 
 MLX_LM_DRAFT = "mlx-lm-draft"
+#: Seconds a rank other than 0 waits before exiting on an error rank 0 also meets.
+FOLLOWER_ERROR_GRACE = 2.0
 
 
 def parse_ab_methods(args: argparse.Namespace) -> list:
@@ -924,6 +927,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not rank or _local(e):
             where = f" (rank {rank})" if rank else ""
             print(f"hf2q-py{where}: error: {one_line(e, limit=1000)}", file=sys.stderr)
+        elif rank:
+            # rank 0 meets the same error and prints it; mlx.launch kills every rank
+            # once one exits with an error, so give rank 0 the time to say it first
+            time.sleep(FOLLOWER_ERROR_GRACE)
         return 2
     except KeyboardInterrupt:
         print("hf2q-py: interrupted", file=sys.stderr)
