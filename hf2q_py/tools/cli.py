@@ -927,7 +927,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not rank or _local(e):
             where = f" (rank {rank})" if rank else ""
             print(f"hf2q-py{where}: error: {one_line(e, limit=1000)}", file=sys.stderr)
-        elif rank:
+        else:
             # rank 0 meets the same error and prints it; mlx.launch kills every rank
             # once one exits with an error, so give rank 0 the time to say it first
             time.sleep(FOLLOWER_ERROR_GRACE)
