@@ -71,6 +71,50 @@ EXPORTS = {
     "qwen2": ("qwen2", dict(_BASE, model_type="qwen2", tie_word_embeddings=False)),
     "qwen3": ("qwen3", dict(_BASE, model_type="qwen3", head_dim=16, tie_word_embeddings=True)),
     "phi3": ("phi3", dict(_BASE, model_type="phi3", tie_word_embeddings=False)),
+    # mixture-of-experts: 4 experts, 2 a token (Qwen3-30B-A3B's and Mixtral's layouts)
+    "qwen3moe": (
+        "qwen3moe",
+        dict(
+            _BASE,
+            model_type="qwen3_moe",
+            head_dim=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            norm_topk_prob=True,
+            tie_word_embeddings=False,
+        ),
+    ),
+    "qwen3moe-wide": (  # rows of 256 values: wide enough for K-quant blocks
+        "qwen3moe",
+        dict(
+            _BASE,
+            model_type="qwen3_moe",
+            hidden_size=256,
+            num_hidden_layers=2,
+            head_dim=64,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=256,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            norm_topk_prob=True,
+            tie_word_embeddings=False,
+        ),
+    ),
+    "mixtral": (
+        "llama",
+        dict(
+            _BASE,
+            model_type="mixtral",
+            intermediate_size=32,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            tie_word_embeddings=False,
+        ),
+    ),
     "gemma2": (
         "gemma2",
         dict(
@@ -123,6 +167,14 @@ _LAYER = {
     "self_attn.k_norm": "attn_k_norm",
     "self_attn.qkv_proj": "attn_qkv",
     "mlp.gate_up_proj": "ffn_up",
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+    "mlp.switch_mlp.up_proj": "ffn_up_exps",
+    "mlp.switch_mlp.down_proj": "ffn_down_exps",
+    "block_sparse_moe.gate": "ffn_gate_inp",
+    "block_sparse_moe.switch_mlp.gate_proj": "ffn_gate_exps",
+    "block_sparse_moe.switch_mlp.up_proj": "ffn_up_exps",
+    "block_sparse_moe.switch_mlp.down_proj": "ffn_down_exps",
 }
 _LLAMA_NORMS = {"post_attention_layernorm": "ffn_norm"}
 _GEMMA_NORMS = {
@@ -245,6 +297,12 @@ def _write_config(w, arch: str, cfg: dict) -> None:
     if scaling and scaling["rope_type"] == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(scaling["factor"])
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        if "moe_intermediate_size" in cfg:
+            w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     if arch == "gemma2":
         w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
         w.add_final_logit_softcapping(cfg["final_logit_softcapping"])

@@ -75,6 +75,5 @@ ENCODERS = {"Q4_K": q4_k, "Q5_K": q5_k, "Q6_K": q6_k}
 
 
 def quantize(a: np.ndarray, name: str) -> np.ndarray:
-    """Rows of ``a`` (columns a multiple of 256) as K-quant bytes: (rows, bytes per row)."""
-    rows, cols = a.shape
-    return ENCODERS[name](a.astype(np.float32).reshape(-1, 256)).reshape(rows, -1)
+    """Rows of ``a`` (columns a multiple of 256) as K-quant bytes: (..., rows, bytes per row)."""
+    return ENCODERS[name](a.astype(np.float32).reshape(-1, 256)).reshape(*a.shape[:-1], -1)

@@ -89,14 +89,24 @@ def test_missing_metadata_is_named_at_once(tmp_path, monkeypatch):
     assert "lacks llama.attention.head_count" in refusal(path, monkeypatch)
 
 
-def test_mixture_of_experts_tensors_are_named_at_once(tmp_path, monkeypatch):
+def test_tensors_with_no_place_in_the_model_are_named_at_once(tmp_path, monkeypatch):
+    path = tmp_path / "shared.gguf"
+    tensors = {
+        "token_embd.weight": np.zeros((400, 64), np.float32),
+        "blk.0.ffn_gate_shexp.weight": np.zeros((128, 64), np.float32),  # a shared expert
+    }
+    write_header_only(path, "llama", tensors=tensors)
+    assert "'blk.0.ffn_gate_shexp.weight' has no place" in refusal(path, monkeypatch)
+
+
+def test_experts_without_their_counts_are_named_at_once(tmp_path, monkeypatch):
     path = tmp_path / "moe.gguf"
     tensors = {
         "token_embd.weight": np.zeros((400, 64), np.float32),
-        "blk.0.ffn_gate_exps.weight": np.zeros((4, 128, 64), np.float32),
+        "blk.0.ffn_gate_inp.weight": np.zeros((4, 64), np.float32),
     }
     write_header_only(path, "llama", tensors=tensors)
-    assert "'blk.0.ffn_gate_exps.weight' has no place" in refusal(path, monkeypatch)
+    assert "lacks llama.expert_count, llama.expert_used_count" in refusal(path, monkeypatch)
 
 
 def test_shapes_that_do_not_fit_the_config_are_named_at_once(tmp_path, monkeypatch):

@@ -60,3 +60,36 @@ def test_sentencepiece_vocabulary_loads_with_the_model(tmp_path):
     text = "def f(x):\n    return 😀"
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
     assert tok.encode("a")[0] == 1  # BOS, as the file says
+
+
+@pytest.fixture(scope="module")
+def moe_files(tmp_path_factory):
+    """qwen3moe and Mixtral GGUFs (4 experts, 2 a token), each with a differently seeded draft."""
+    root = tmp_path_factory.mktemp("moe")
+    files = {}
+    for name in ("qwen3moe", "mixtral"):
+        export(root / f"{name}.gguf", name, Q.F32, seed=0)
+        export(root / f"{name}-draft.gguf", name, Q.F32, seed=1)
+        files[name] = (root / f"{name}.gguf", root / f"{name}-draft.gguf")
+    return files
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft", "layerskip", "dflash"])
+@pytest.mark.parametrize("name", ["qwen3moe", "mixtral"])
+def test_every_method_on_mixture_of_experts_files_equals_plain_greedy(moe_files, name, method):
+    from helpers import UNGATED, assert_same_greedy, reference_greedy
+
+    from hf2q_py.tools.dflash_make import drafter_for
+
+    path, draft_path = moe_files[name]
+    target = hf2q_py.load(path, dtype="float32")
+    opts = {
+        "draft": {"draft": hf2q_py.load(draft_path, dtype="float32"), **UNGATED},
+        "layerskip": {"skip_layers": [1]},
+        "dflash": {"drafter": drafter_for(target, layers=1, target_layer_ids=[0, 2], block_size=9)},
+    }.get(method, {})
+    prompt = PROMPT[:10] * 3
+    want = reference_greedy(target.model, prompt, 30)
+    r = hf2q_py.generate(target, prompt, max_tokens=30, method=method, k=8, adaptive=False, **opts)
+    assert_same_greedy(target.model, prompt, r.tokens, want)
+    assert r.stats.drafted > 0

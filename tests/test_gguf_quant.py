@@ -107,3 +107,19 @@ def test_a_model_without_q6_k_kept_quantized_equals_the_float_model(tmp_path):
     prompt = mx.array([[1, 5, 9, 14, 200, 33]])
     a, b = kept.model(prompt), floats.model(prompt)
     assert float(mx.abs(a - b).max()) < 1e-4 * float(mx.abs(b).max())
+
+
+def test_mixture_of_experts_k_quants_stay_quantized_and_compute_the_float_model(tmp_path):
+    from gguf_export import export
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+
+    path = tmp_path / "moe.gguf"
+    export(path, "qwen3moe-wide", qtype=lambda pname: Q.Q5_K if "down_proj" in pname else Q.Q4_K)
+    kept, floats = hf2q_py.load(path, dtype="keep"), hf2q_py.load(path, dtype="float32")
+    layers = dict(kept.model.named_modules())
+    experts = layers["model.layers.0.mlp.switch_mlp.gate_proj"]
+    assert isinstance(experts, QuantizedSwitchLinear) and experts.bits == 4
+    assert layers["model.layers.1.mlp.switch_mlp.down_proj"].bits == 5
+    prompt = mx.array([[1, 5, 9, 14, 200, 33]])
+    a, b = kept.model(prompt), floats.model(prompt)
+    assert float(mx.abs(a - b).max()) < 1e-4 * float(mx.abs(b).max())

@@ -5,6 +5,7 @@ import pytest
 from gguf_vocab import CONTROL, CORPUS, USER_DEFINED, processor, spm_metadata
 
 from hf2q_py.errors import ModelLoadError, UnsupportedModelError
+from hf2q_py.loaders.gguf_eog import end_of_generation_ids
 from hf2q_py.loaders.gguf_file import GGUFHeader
 from hf2q_py.loaders.gguf_spm import derive_merges
 from hf2q_py.loaders.gguf_tokenizer import check_tokenizer, tokenizer_from_gguf
@@ -84,14 +85,45 @@ def test_control_tokens_are_special_and_user_defined_ones_are_not():
     tok = tokenizer_from_gguf(spm_metadata(True))
     ids = tok.encode("<ctrl>a<start_of_turn>", add_special_tokens=False)
     assert tok.decode(ids, skip_special_tokens=True) == "a<start_of_turn>"
-    assert tok.eos_token_ids == {2}
+    assert tok.eos_token_ids == {2, 5}  # </s> and <end_of_turn> (user-defined here; ends all the same)
 
 
-def test_end_of_turn_control_tokens_also_end_generation():
+def test_turn_end_tokens_end_generation_beside_the_declared_eos():
     meta = spm_metadata(True)
     meta["tokenizer.ggml.tokens"] = list(meta["tokenizer.ggml.tokens"])
-    meta["tokenizer.ggml.tokens"][3] = "<end_of_turn>"  # a control token
-    assert tokenizer_from_gguf(meta).eos_token_ids == {2, 3}
+    meta["tokenizer.ggml.tokens"][3] = "<|im_end|>"  # a control token
+    assert tokenizer_from_gguf(meta).eos_token_ids == {2, 3, 5}
+
+
+def _vocabulary(*texts: str, **declared: int) -> dict:
+    meta = {"tokenizer.ggml.tokens": ["a", "b", *texts]}
+    meta.update({f"tokenizer.ggml.{key}_token_id": i for key, i in declared.items()})
+    return meta
+
+
+def test_qwen_files_end_at_every_end_token_llama_cpp_infers():
+    meta = _vocabulary("<|endoftext|>", "<|im_end|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", eos=3)
+    assert end_of_generation_ids(meta) == [2, 3, 4, 5, 6]
+
+
+def test_declared_end_tokens_end_whatever_their_text():
+    meta = _vocabulary("<x>", "<y>", "<z>", eos=2, eot=3, eom=4)
+    assert end_of_generation_ids(meta) == [2, 3, 4]
+
+
+def test_declared_fim_tokens_replace_the_ones_found_by_text():
+    meta = _vocabulary("<|fim_pad|>", "<my_pad>", fim_pad=3)
+    assert end_of_generation_ids(meta) == [3]
+
+
+def test_harmony_end_is_not_an_end_of_generation():
+    assert end_of_generation_ids(_vocabulary("<|return|>", "<|call|>", "<|end|>")) == [2, 3]
+    assert end_of_generation_ids(_vocabulary("<|end|>")) == [2]
+
+
+def test_gemma4_slash_s_is_a_normal_token():
+    assert end_of_generation_ids(_vocabulary("<turn|>", "<|tool_response>", "</s>", "<eos>")) == [2, 3, 5]
+    assert end_of_generation_ids(_vocabulary("</s>")) == [2]
 
 
 def test_merges_rank_pieces_by_score_then_id():

@@ -41,6 +41,20 @@ _PHI3 = {  # fused q/k/v rows and fused [gate; up] rows, as in the checkpoint
     "attn_norm": "input_layernorm",
     **_PRE_MLP_NORM,
 }
+_DENSE_MLP = ("ffn_gate", "ffn_up", "ffn_down")
+
+
+def _experts(prefix: str) -> dict[str, str]:
+    """Mixture-of-experts tensors: the router and the experts stacked (E, out, in)."""
+    return {
+        "ffn_gate_inp": f"{prefix}.gate",
+        "ffn_gate_exps": f"{prefix}.switch_mlp.gate_proj",
+        "ffn_up_exps": f"{prefix}.switch_mlp.up_proj",
+        "ffn_down_exps": f"{prefix}.switch_mlp.down_proj",
+    }
+
+
+_ATTENTION = {k: v for k, v in _COMMON.items() if k not in _DENSE_MLP}
 #: Tensors that carry no weights of their own in mlx-lm (handled in the config).
 _CONFIG_TENSORS = ("rope_freqs.weight",)
 
@@ -54,6 +68,7 @@ class ArchSpec:
     permuted_qk: bool = False  # llama.cpp interleaved the rotary halves of q/k rows
     norm_plus_one: bool = False  # norm weights are stored as 1 + w
     scaled_query_layers: int | None = None  # block count of the one size scaled by hidden/heads
+    experts_key: str | None = None  # mlx-lm's name for the expert count (mixture-of-experts)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -61,6 +76,12 @@ ARCHS: dict[str, ArchSpec] = {
     "llama": ArchSpec("llama", {**_COMMON, **_PRE_MLP_NORM}, permuted_qk=True),
     "qwen2": ArchSpec("qwen2", {**_COMMON, **_PRE_MLP_NORM}),
     "qwen3": ArchSpec("qwen3", {**_COMMON, **_PRE_MLP_NORM, **_QK_NORM}),
+    "qwen3moe": ArchSpec(
+        "qwen3_moe",
+        {**_ATTENTION, **_PRE_MLP_NORM, **_QK_NORM, **_experts("mlp")},
+        experts_key="num_experts",
+        extra={"decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True},
+    ),
     "phi3": ArchSpec("phi3", _PHI3),
     "gemma2": ArchSpec("gemma2", {**_COMMON, **_GEMMA_NORMS}, norm_plus_one=True, scaled_query_layers=46),
     "gemma3": ArchSpec(
@@ -71,8 +92,17 @@ ARCHS: dict[str, ArchSpec] = {
         extra={"rope_local_base_freq": 10000.0},
     ),
 }
+#: Mixtral files are ``llama`` files whose layers hold experts.
+MIXTRAL = ArchSpec(
+    "mixtral",
+    {**_ATTENTION, **_PRE_MLP_NORM, **_experts("block_sparse_moe")},
+    permuted_qk=True,
+    experts_key="num_local_experts",
+)
 SUPPORTED = tuple(ARCHS)
-REQUIRED_KEYS = ("block_count", "embedding_length", "attention.head_count", "feed_forward_length")
+REQUIRED_KEYS = ("block_count", "embedding_length", "attention.head_count")
+DENSE_KEYS = ("feed_forward_length",)
+EXPERT_KEYS = ("expert_count", "expert_used_count")
 
 
 def arch_spec(header: GGUFHeader) -> ArchSpec:
@@ -82,12 +112,16 @@ def arch_spec(header: GGUFHeader) -> ArchSpec:
             f"{header.path.name}: GGUF architecture {arch!r} is not supported "
             f"(supported: {', '.join(SUPPORTED)})"
         )
-    missing = [k for k in REQUIRED_KEYS if header.arch_key(k) is None]
+    spec = ARCHS[arch]
+    if arch == "llama" and "blk.0.ffn_gate_inp.weight" in header.tensors:
+        spec = MIXTRAL
+    keys = REQUIRED_KEYS + (EXPERT_KEYS if spec.experts_key else DENSE_KEYS)
+    missing = [k for k in keys if header.arch_key(k) is None]
     if missing:
         raise ModelLoadError(
             f"{header.path.name}: GGUF metadata lacks {', '.join(f'{arch}.{k}' for k in missing)}"
         )
-    return ARCHS[arch]
+    return spec
 
 
 def gguf_config(header: GGUFHeader) -> dict[str, Any]:
@@ -104,7 +138,6 @@ def gguf_config(header: GGUFHeader) -> dict[str, Any]:
         "model_type": spec.model_type,
         "num_hidden_layers": n_layers,
         "hidden_size": hidden,
-        "intermediate_size": _per_layer(get("feed_forward_length"), "feed_forward_length", name),
         "num_attention_heads": heads,
         "num_key_value_heads": _per_layer(
             get("attention.head_count_kv", heads), "attention.head_count_kv", name
@@ -116,6 +149,7 @@ def gguf_config(header: GGUFHeader) -> dict[str, Any]:
         "rope_theta": get("rope.freq_base", 10000.0),
         "tie_word_embeddings": "output.weight" not in header.tensors,
         **spec.extra,
+        **_ffn_sizes(header, spec),
     }
     rope_dims = get("rope.dimension_count")
     if rope_dims is not None and rope_dims != head_dim:
@@ -136,10 +170,31 @@ def gguf_config(header: GGUFHeader) -> dict[str, Any]:
         cfg["sliding_window_pattern"] = _sliding_pattern(
             get("attention.sliding_window_pattern", 6), n_layers, name
         )
-    scaling = _rope_scaling(header)
+    scaling = _rope_scaling(header, spec)
     if scaling is not None:
         cfg["rope_scaling"] = scaling
     return cfg
+
+
+def _ffn_sizes(header: GGUFHeader, spec: ArchSpec) -> dict[str, Any]:
+    """MLP width, or the experts' count, top-k and width (llama.cpp's defaults:
+    qwen3moe's expert width n_ff / top-k, a llama file's experts n_ff wide)."""
+    get, name = header.arch_key, header.path.name
+    ff = get("feed_forward_length")
+    ff = None if ff is None else _per_layer(ff, "feed_forward_length", name)
+    if spec.experts_key is None:
+        return {"intermediate_size": ff}
+    experts, used = get("expert_count"), get("expert_used_count")
+    width = get("expert_feed_forward_length")
+    if width is None:
+        width = ff if spec.model_type == "mixtral" or ff is None else ff // used
+    width = _per_layer(width, "expert_feed_forward_length", name)
+    out = {spec.experts_key: experts, "num_experts_per_tok": used, "intermediate_size": ff or width}
+    if spec.model_type == "mixtral":
+        out["intermediate_size"] = width
+    else:
+        out["moe_intermediate_size"] = width
+    return out
 
 
 def _per_layer(value: Any, key: str, file: str) -> int:
@@ -165,18 +220,22 @@ def _sliding_pattern(value: Any, n_layers: int, file: str) -> int:
     return period
 
 
-def _rope_scaling(header: GGUFHeader) -> dict[str, Any] | None:
+def _rope_scaling(header: GGUFHeader, spec: ArchSpec) -> dict[str, Any] | None:
     kind = header.arch_key("rope.scaling.type")
     if "rope_freqs.weight" in header.tensors:
-        if header.architecture != "llama":
+        if spec.model_type != "llama":
             raise UnsupportedModelError(
-                f"{header.path.name}: rope_freqs in a {header.architecture} GGUF is not supported"
+                f"{header.path.name}: rope_freqs in a {spec.model_type} GGUF is not supported"
             )
         # Factors come from the tensor after loading (see apply_rope_freqs).
         return {"rope_type": "llama3", "factor": 1.0}
     if kind in (None, "none"):
         return None
-    if kind == "linear" and header.architecture != "phi3":
+    if kind == "linear" and spec.model_type not in (
+        "phi3",
+        "mixtral",
+        "qwen3_moe",
+    ):  # their rope has no scaling
         return {"rope_type": "linear", "factor": float(header.arch_key("rope.scaling.factor", 1.0))}
     raise UnsupportedModelError(
         f"{header.path.name}: GGUF rope scaling {kind!r} is not supported (only linear and llama3)"
@@ -204,7 +263,7 @@ def check_tensor_names(header: GGUFHeader, spec: ArchSpec) -> None:
         if name not in _CONFIG_TENSORS and mlx_name(name, spec) is None:
             raise UnsupportedModelError(
                 f"{header.path.name}: tensor {name!r} has no place in mlx-lm's {spec.model_type} model "
-                "(mixture-of-experts and multimodal GGUFs are not supported)"
+                "(multimodal GGUFs and layouts other than the mapped ones are not supported)"
             )
 
 
@@ -232,7 +291,7 @@ def convert_weights(
         if spec.norm_plus_one and leaf.endswith("norm") and kind == "weight":
             value = value.astype(mx.float32) - 1.0
         if kind == "scales":
-            bits[layer] = tensors[name.replace(".scales", ".weight")].shape[1] // value.shape[1]
+            bits[layer] = tensors[name.replace(".scales", ".weight")].shape[-1] // value.shape[-1]
         out[mname] = value
     return out, bits
 

@@ -5,7 +5,7 @@ SentencePiece-style (``llama``, see ``gguf_spm``). Control tokens become
 special tokens and user-defined tokens plain added tokens (both always
 matched whole, as llama.cpp does); BOS/EOS are added as
 ``tokenizer.ggml.add_bos_token``/``add_eos_token`` say; the chat template
-comes from the file.
+comes from the file; generation ends where llama.cpp's does (``gguf_eog``).
 """
 
 from __future__ import annotations
@@ -13,13 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ModelLoadError, UnsupportedModelError
+from .gguf_eog import end_of_generation_ids
 from .gguf_file import GGUFHeader
 
 CONTROL, USER_DEFINED = 3, 4
 KINDS = ("gpt2", "llama")
-#: Control tokens that end a chat turn; generation stops at them as at EOS
-#: (files often name only the end-of-text EOS, e.g. Gemma's ``<eos>``).
-END_OF_TURN = ("<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|end|>")
 #: Whether a BOS token is added when the file does not say (llama.cpp's defaults).
 _ADD_BOS_DEFAULT = {"gpt2": False, "llama": True}
 
@@ -108,6 +106,4 @@ def tokenizer_from_gguf(meta: dict[str, Any]):
     template = meta.get("tokenizer.chat_template")
     if template:
         hf.chat_template = template
-    eos_ids = [meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in meta]
-    eos_ids += [i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == CONTROL and t in END_OF_TURN]
-    return TokenizerWrapper(hf, detokenizer, eos_token_ids=eos_ids)
+    return TokenizerWrapper(hf, detokenizer, eos_token_ids=end_of_generation_ids(meta))
