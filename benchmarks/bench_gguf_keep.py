@@ -36,6 +36,24 @@ def weight_bytes(target) -> int:
     return sum(v.nbytes for _, v in tree_flatten(target.model.parameters()))
 
 
+def quantized_layers(target) -> dict[str, object]:
+    return {n: m for n, m in target.model.named_modules() if hasattr(m, "scales") and hasattr(m, "bits")}
+
+
+def float16_scale_layout(target) -> tuple[int, float]:
+    """Bytes of the same weights with float16 scales and biases (the layout off
+    the CPU, see ``scale_dtype``), and the largest weight change that rounding
+    makes, relative to its layer's largest weight."""
+    total, worst = weight_bytes(target), 0.0
+    for _, m in quantized_layers(target).items():
+        total -= (m.scales.nbytes + m.biases.nbytes) // 2
+        exact = mx.dequantize(m.weight, m.scales, m.biases, group_size=m.group_size, bits=m.bits)
+        s16, b16 = (a.astype(mx.float16).astype(mx.float32) for a in (m.scales, m.biases))
+        rounded = mx.dequantize(m.weight, s16, b16, group_size=m.group_size, bits=m.bits)
+        worst = max(worst, float(mx.abs(rounded - exact).max() / mx.abs(exact).max()))
+    return total, worst
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("gguf")
@@ -58,15 +76,22 @@ def main() -> None:
     a, b = keep.model(mx.array([ids]))[0], flt.model(mx.array([ids]))[0]
     diff, scale = float(mx.abs(a - b).max()), float(mx.abs(b).max())
     same_argmax = bool(mx.all(a.argmax(-1) == b.argmax(-1)).item())
+    gpu_bytes, f16_error = float16_scale_layout(keep)
+    quantized = sum(m.weight.size * 32 // m.bits for m in quantized_layers(keep).values())
+    total = sum(v.size for n, v in tree_flatten(flt.model.parameters()))
     tokens = {d: hf2q_py.generate(t, ids, max_tokens=args.tokens).tokens for d, t in loaded.items()}
     rows = [[d, f"{weight_bytes(t) / 2**20:.0f}", f"{seconds[d]:.1f}"] for d, t in loaded.items()]
     rows.append(["keep / float32", f"{weight_bytes(keep) / weight_bytes(flt):.2f}x", ""])
     file_mib = path.stat().st_size / 2**20
+    rows.append(["keep / file", f"{weight_bytes(keep) / path.stat().st_size:.2f}x", ""])
+    rows.append(["keep, float16 scales (GPU layout, computed)", f"{gpu_bytes / 2**20:.0f}", ""])
+    rows.append(["  / file", f"{gpu_bytes / path.stat().st_size:.2f}x", ""])
     notes = (
         f"{path.name} ({file_mib:.0f} MiB; tensor types {dict(types)}). Prompt of {len(ids)} tokens: "
         f"largest logit difference keep vs float32 {diff:.3g} (logits up to {scale:.3g}), same argmax at "
         f"every position: {same_argmax}; greedy {args.tokens} tokens identical: "
-        f"{tokens['keep'] == tokens['float32']}."
+        f"{tokens['keep'] == tokens['float32']}. Weights in quantized layers: {quantized / total:.1%} "
+        f"of all. float16 scales move a weight by at most {f16_error:.2g} of its layer's largest."
     )
     rec = results.record(
         shlex.join(["python", *sys.argv]),
@@ -74,7 +99,9 @@ def main() -> None:
         notes=notes,
         data={"types": dict(types), "bytes": {d: weight_bytes(t) for d, t in loaded.items()},
               "load_seconds": seconds, "max_logit_diff": diff, "logit_scale": scale,
-              "same_argmax": same_argmax, "same_tokens": tokens["keep"] == tokens["float32"]},
+              "same_argmax": same_argmax, "same_tokens": tokens["keep"] == tokens["float32"],
+              "file_bytes": path.stat().st_size, "float16_scale_bytes": gpu_bytes,
+              "float16_scale_error": f16_error, "quantized_weight_share": quantized / total},
     )  # fmt: skip
     results.publish(rec, args.results)
 

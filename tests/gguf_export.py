@@ -21,6 +21,8 @@ from models import tiny_model
 
 Q = gguf.GGMLQuantizationType
 VOCAB = 400  # the trained SentencePiece vocabulary's size
+#: llama.cpp's quantizer's type for rows a K-quant block does not divide.
+K_FALLBACK = {"Q4_K": Q.Q5_0, "Q5_K": Q.Q5_1, "Q6_K": Q.Q8_0}
 
 _BASE = dict(
     hidden_size=64,
@@ -237,13 +239,25 @@ def _stored(a: np.ndarray, qtype) -> tuple[np.ndarray, np.ndarray, object]:
     return gguf.quants.dequantize(q, qtype), q, qtype
 
 
-def export(path, name: str, qtype=Q.F32, seed: int = 0, tied: bool | None = None, vocab: dict | None = None):
+def export(
+    path,
+    name: str,
+    qtype=Q.F32,
+    seed: int = 0,
+    tied: bool | None = None,
+    vocab: dict | None = None,
+    as_floats: bool = False,
+    **overrides,
+):
     """Write EXPORTS[name] to ``path`` (``vocab``: tokenizer metadata, by
-    default a trained SentencePiece one); returns the source model with its
-    weights set to exactly what the file holds (quantization round trip).
-    ``qtype``: one type for every matrix, or a function of the mlx-lm name."""
+    default a trained SentencePiece one; ``overrides``: config fields);
+    returns the source model with its weights set to exactly what the file
+    holds (quantization round trip). ``qtype``: one type for every matrix, or
+    a function of the mlx-lm name; a K-quant for rows not a multiple of 256
+    becomes llama.cpp's fallback type (Q4_K: Q5_0, Q5_K: Q5_1, Q6_K: Q8_0).
+    ``as_floats``: write, as F32, the values ``qtype`` would hold."""
     arch, cfg = EXPORTS[name]
-    cfg = dict(cfg)
+    cfg = dict(cfg, **overrides)
     if tied is not None:
         cfg["tie_word_embeddings"] = tied
     model = tiny_model(cfg, seed)
@@ -260,12 +274,18 @@ def export(path, name: str, qtype=Q.F32, seed: int = 0, tied: bool | None = None
         if a.ndim == 1:  # norms and biases: random too, so their layouts matter
             a = a + rng.normal(0, 0.2, a.shape).astype(np.float32)
         kind = qtype(pname) if callable(qtype) else qtype
+        if kind.name in K_FALLBACK and a.shape[-1] % 256:
+            kind = K_FALLBACK[kind.name]
         floats, data, raw = _stored(a, kind)
+        if as_floats:
+            data, raw = floats, None
         held.append((pname, mx.array(floats)))
         leaf = pname.rsplit(".", 2)[-2]
         if arch == "llama" and leaf in ("q_proj", "k_proj"):
             heads = cfg["num_attention_heads"] if leaf == "q_proj" else cfg["num_key_value_heads"]
-            _, data, raw = _stored(permute(a, heads), kind)  # quantization is row-wise
+            permuted, data, raw = _stored(permute(a, heads), kind)  # quantization is row-wise
+            if as_floats:
+                data, raw = permuted, None
         if arch.startswith("gemma") and leaf.endswith("norm"):
             data = data + np.float32(1.0)
         w.add_tensor(gguf_tensor_name(pname, arch), data, raw_dtype=raw)

@@ -118,15 +118,34 @@ def _dequantize_all(
     return out
 
 
+def scale_dtype() -> mx.Dtype:
+    """The dtype of kept quantized layers' scales and biases: float16 (2 bytes
+    per group of 32 each: the file's size), but float32 on the CPU, where
+    MLX's quantized matmul is ~30x slower with float16 scales. float32 holds
+    every type's exact values; float16 rounds a K-quant sub-block's
+    ``d * sc`` and ``dmin * m`` (at most half a float16 unit, 2**-11 relative);
+    the other types' are float16 values times powers of two."""
+    return mx.float32 if mx.default_device() == mx.cpu else mx.float16
+
+
+def _scales_as(weights: dict[str, mx.array], bits: dict[str, int], dtype: mx.Dtype) -> dict[str, mx.array]:
+    def cast(name: str, value: mx.array) -> mx.array:
+        layer, _, kind = name.rpartition(".")
+        return value.astype(dtype) if layer in bits and kind in ("scales", "biases") else value
+
+    return {n: cast(n, v) for n, v in weights.items()}
+
+
 def _load_model(header: GGUFHeader, spec: ArchSpec, cfg: dict[str, Any], dtype: mx.Dtype | None):
     tensors = read_tensors(header, keep_quantized=dtype is None)
     weights, bits = convert_weights(tensors, cfg, spec)
     if dtype is not None or not bits:
         weights = _dequantize_all(weights, bits, dtype or mx.float16)
         bits = {}
-    elif mx.default_device() == mx.cpu:
-        # MLX's CPU quantized matmul is ~30x slower with float16 scales.
-        weights = {n: v.astype(mx.float32) if v.dtype == mx.float16 else v for n, v in weights.items()}
+    else:
+        weights = _scales_as(weights, bits, scale_dtype())
+        if mx.default_device() == mx.cpu:  # float16 arithmetic is slow on the CPU
+            weights = {n: v.astype(mx.float32) if v.dtype == mx.float16 else v for n, v in weights.items()}
     model = _build(cfg, weights, bits)
     apply_rope_freqs(model, tensors, cfg)
     return model
