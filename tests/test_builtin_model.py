@@ -95,7 +95,7 @@ def test_chat_template_renders_and_tokenizes_exactly(smol):
     ids = tok.apply_chat_template(msgs, add_generation_prompt=True)
     assert ids == tok.encode(text)
     assert ids[0] == 1 and ids.count(2) == 2  # <|im_start|> and <|im_end|> are single tokens
-    assert smol.eos_token_ids == {2}
+    assert smol.eos_token_ids == {0, 2, 4}  # <|endoftext|>, <|im_end|>, <reponame>: as llama.cpp ends
 
 
 @pytest.mark.parametrize("stop", ["gamma", "a g", "ta"])
