@@ -24,6 +24,17 @@ VOCAB = 400  # the trained SentencePiece vocabulary's size
 #: llama.cpp's quantizer's type for rows a K-quant block does not divide.
 K_FALLBACK = {"Q4_K": Q.Q5_0, "Q5_K": Q.Q5_1, "Q6_K": Q.Q8_0}
 
+
+def fitting(kind, cols: int):
+    """The type llama.cpp's quantizer stores rows of ``cols`` values as: a
+    K-quant's fallback where 256 does not divide them, F16 where 32 does not."""
+    if kind.name in K_FALLBACK and cols % 256:
+        kind = K_FALLBACK[kind.name]
+    if kind not in (Q.F32, Q.F16) and cols % 32:
+        kind = Q.F16
+    return kind
+
+
 _BASE = dict(
     hidden_size=64,
     num_hidden_layers=4,
@@ -253,9 +264,14 @@ def export(
     default a trained SentencePiece one; ``overrides``: config fields);
     returns the source model with its weights set to exactly what the file
     holds (quantization round trip). ``qtype``: one type for every matrix, or
-    a function of the mlx-lm name; a K-quant for rows not a multiple of 256
-    becomes llama.cpp's fallback type (Q4_K: Q5_0, Q5_K: Q5_1, Q6_K: Q8_0).
-    ``as_floats``: write, as F32, the values ``qtype`` would hold."""
+    a function of the mlx-lm name, stored as llama.cpp's quantizer would
+    (``fitting``).
+    ``as_floats``: write, as F32, the values ``qtype`` would hold. Gemma 4
+    layouts (``gemma4-*``) are written by ``gguf_export_gemma4``."""
+    if name.startswith("gemma4"):
+        from gguf_export_gemma4 import export_gemma4
+
+        return export_gemma4(path, name, qtype, seed=seed, as_floats=as_floats, **overrides)
     arch, cfg = EXPORTS[name]
     cfg = dict(cfg, **overrides)
     if tied is not None:
@@ -273,9 +289,7 @@ def export(
         a = np.array(value, dtype=np.float32)
         if a.ndim == 1:  # norms and biases: random too, so their layouts matter
             a = a + rng.normal(0, 0.2, a.shape).astype(np.float32)
-        kind = qtype(pname) if callable(qtype) else qtype
-        if kind.name in K_FALLBACK and a.shape[-1] % 256:
-            kind = K_FALLBACK[kind.name]
+        kind = fitting(qtype(pname) if callable(qtype) else qtype, a.shape[-1])
         floats, data, raw = _stored(a, kind)
         if as_floats:
             data, raw = floats, None

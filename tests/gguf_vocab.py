@@ -102,6 +102,24 @@ def spm_metadata(space_prefix: bool, add_bos: bool = True, add_eos: bool = False
     }
 
 
+def gemma4_metadata() -> dict:
+    """A ``gemma4`` vocabulary as Gemma 4's converter writes it: the trained
+    pieces (no space prefix) with their BPE merges, scores -1000, a BOS always."""
+    from hf2q_py.loaders.gguf_spm import derive_merges
+
+    meta = spm_metadata(space_prefix=False)
+    merges = derive_merges(
+        meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"], meta["tokenizer.ggml.token_type"]
+    )
+    meta.update({
+        "tokenizer.ggml.model": "gemma4",
+        "tokenizer.ggml.merges": [f"{a} {b}" for a, b in merges],
+        "tokenizer.ggml.scores": [-1000.0] * len(meta["tokenizer.ggml.tokens"]),
+        "tokenizer.ggml.add_bos_token": True,
+    })  # fmt: skip
+    return meta
+
+
 def write_vocab(writer, meta: dict) -> None:
     """Add tokenizer metadata to a ``gguf.GGUFWriter``."""
     writer.add_tokenizer_model(meta["tokenizer.ggml.model"])

@@ -29,6 +29,8 @@ from .gguf_arch import (
     convert_weights,
     gguf_config,
     mlx_name,
+    rope_config,
+    used,
 )
 from .gguf_dequant import check_tensor_types
 from .gguf_file import GGUFHeader, read_header
@@ -44,9 +46,9 @@ def plan_gguf(path: Path) -> tuple[GGUFHeader, ArchSpec, dict[str, Any]]:
     header = read_header(path)
     spec = arch_spec(header)
     check_tokenizer(header)
-    check_tensor_names(header, spec)
-    check_tensor_types(header)
     cfg = gguf_config(header)
+    check_tensor_names(header, spec, cfg)
+    check_tensor_types(header)
     _check_shapes(header, spec, cfg)
     return header, spec, cfg
 
@@ -67,9 +69,9 @@ def _check_shapes(header: GGUFHeader, spec: ArchSpec, cfg: dict[str, Any]) -> No
         params.pop("lm_head.weight", None)
     have = {}
     for info in header.tensors.values():
-        name = mlx_name(info.name, spec)
+        name = mlx_name(info.name, spec) if used(info.name, cfg, spec) else None
         if name is not None:
-            have[name] = info.shape
+            have.update(_halves(name, info.shape, spec))
     missing = sorted(set(params) - set(have))
     if missing:
         raise ModelLoadError(f"{header.path.name}: GGUF lacks tensors for {', '.join(missing[:3])}")
@@ -80,6 +82,16 @@ def _check_shapes(header: GGUFHeader, spec: ArchSpec, cfg: dict[str, Any]) -> No
                 f"{header.path.name}: tensor {name} has shape {shape}, the {spec.model_type} "
                 f"config expects {want}"
             )
+
+
+def _halves(name: str, shape: tuple[int, ...], spec: ArchSpec) -> dict[str, tuple[int, ...]]:
+    """A tensor's mlx-lm name and shape, or a fused one's two halves."""
+    layer, _, kind = name.rpartition(".")
+    for fused, parts in spec.fused.items():
+        if layer.endswith(fused):
+            half = (*shape[:-2], shape[-2] // 2, shape[-1])
+            return {f"{layer[: -len(fused)]}{p}.{kind}": half for p in parts}
+    return {name: shape}
 
 
 def _build(cfg: dict[str, Any], weights: dict[str, mx.array], bits: dict[str, int]):
@@ -138,6 +150,7 @@ def _scales_as(weights: dict[str, mx.array], bits: dict[str, int], dtype: mx.Dty
 
 def _load_model(header: GGUFHeader, spec: ArchSpec, cfg: dict[str, Any], dtype: mx.Dtype | None):
     tensors = read_tensors(header, keep_quantized=dtype is None)
+    cfg = rope_config(cfg, tensors)
     weights, bits = convert_weights(tensors, cfg, spec)
     if dtype is not None or not bits:
         weights = _dequantize_all(weights, bits, dtype or mx.float16)

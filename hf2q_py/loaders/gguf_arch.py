@@ -8,12 +8,14 @@ stored as the ``rope_freqs`` tensor (per-frequency divisors).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
 
 from ..errors import ModelLoadError, UnsupportedModelError
+from . import gguf_gemma4
 from .gguf_file import GGUFHeader
 
 _COMMON = {
@@ -70,6 +72,10 @@ class ArchSpec:
     scaled_query_layers: int | None = None  # block count of the one size scaled by hidden/heads
     experts_key: str | None = None  # mlx-lm's name for the expert count (mixture-of-experts)
     extra: dict[str, Any] = field(default_factory=dict)
+    global_names: dict[str, str] = field(default_factory=dict)  # tensors outside the layers
+    fused: dict[str, tuple[str, str]] = field(default_factory=dict)  # a layer -> its halves (rows)
+    config: Callable[[GGUFHeader], dict[str, Any]] | None = None  # the whole config, if not generic
+    unused: Callable[[dict[str, Any], str], bool] | None = None  # carried tensors the model has no use for
 
 
 ARCHS: dict[str, ArchSpec] = {
@@ -90,6 +96,14 @@ ARCHS: dict[str, ArchSpec] = {
         norm_plus_one=True,
         scaled_query_layers=62,
         extra={"rope_local_base_freq": 10000.0},
+    ),
+    "gemma4": ArchSpec(
+        "gemma4_text",
+        gguf_gemma4.LAYER_NAMES,
+        global_names=gguf_gemma4.GLOBAL_NAMES,
+        fused=gguf_gemma4.FUSED,
+        config=gguf_gemma4.gemma4_config,
+        unused=gguf_gemma4.unused,
     ),
 }
 #: Mixtral files are ``llama`` files whose layers hold experts.
@@ -115,7 +129,7 @@ def arch_spec(header: GGUFHeader) -> ArchSpec:
     spec = ARCHS[arch]
     if arch == "llama" and "blk.0.ffn_gate_inp.weight" in header.tensors:
         spec = MIXTRAL
-    keys = REQUIRED_KEYS + (EXPERT_KEYS if spec.experts_key else DENSE_KEYS)
+    keys = REQUIRED_KEYS + (EXPERT_KEYS if spec.experts_key else () if spec.config else DENSE_KEYS)
     missing = [k for k in keys if header.arch_key(k) is None]
     if missing:
         raise ModelLoadError(
@@ -127,6 +141,8 @@ def arch_spec(header: GGUFHeader) -> ArchSpec:
 def gguf_config(header: GGUFHeader) -> dict[str, Any]:
     """The mlx-lm config dict for this file (from metadata and the tensor directory)."""
     spec = arch_spec(header)
+    if spec.config is not None:
+        return spec.config(header)
     get = header.arch_key
     name = header.path.name
     hidden, n_layers = get("embedding_length"), get("block_count")
@@ -251,16 +267,25 @@ def mlx_name(gguf_name: str, spec: ArchSpec) -> str | None:
         return f"model.norm.{kind}"
     if base == "output":
         return f"lm_head.{kind}"
+    if base in spec.global_names:
+        return f"{spec.global_names[base]}.{kind}"
     parts = base.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and f"{parts[2]}.{kind}" in spec.layer_names:
+        return f"model.layers.{parts[1]}.{spec.layer_names[f'{parts[2]}.{kind}']}"
     if len(parts) == 3 and parts[0] == "blk" and parts[2] in spec.layer_names:
         return f"model.layers.{parts[1]}.{spec.layer_names[parts[2]]}.{kind}"
     return None
 
 
-def check_tensor_names(header: GGUFHeader, spec: ArchSpec) -> None:
+def used(name: str, cfg: dict[str, Any], spec: ArchSpec) -> bool:
+    """Whether a tensor holds weights the model uses (not rope_freqs, not a carried unused one)."""
+    return name not in _CONFIG_TENSORS and not (spec.unused and spec.unused(cfg, name))
+
+
+def check_tensor_names(header: GGUFHeader, spec: ArchSpec, cfg: dict[str, Any]) -> None:
     """Every tensor must have a place in the model (before any is read)."""
     for name in header.tensors:
-        if name not in _CONFIG_TENSORS and mlx_name(name, spec) is None:
+        if used(name, cfg, spec) and mlx_name(name, spec) is None:
             raise UnsupportedModelError(
                 f"{header.path.name}: tensor {name!r} has no place in mlx-lm's {spec.model_type} model "
                 "(multimodal GGUFs and layouts other than the mapped ones are not supported)"
@@ -281,7 +306,7 @@ def convert_weights(
     bits: dict[str, int] = {}
     for name, value in tensors.items():
         mname = mlx_name(name, spec)
-        if mname is None:
+        if mname is None or not used(name, cfg, spec):
             continue  # rope_freqs: applied by apply_rope_freqs
         layer, _, kind = mname.rpartition(".")
         leaf = layer.rsplit(".", 1)[-1]
@@ -293,7 +318,34 @@ def convert_weights(
         if kind == "scales":
             bits[layer] = tensors[name.replace(".scales", ".weight")].shape[-1] // value.shape[-1]
         out[mname] = value
-    return out, bits
+    return _split_fused(out, bits, spec)
+
+
+def _split_fused(
+    weights: dict[str, mx.array], bits: dict[str, int], spec: ArchSpec
+) -> tuple[dict[str, mx.array], dict[str, int]]:
+    """Fused layers (e.g. experts' gate and up) as their two halves along the rows."""
+    for name in [n for n in weights if any(f".{f}." in n for f in spec.fused)]:
+        layer, _, kind = name.rpartition(".")
+        prefix, fused = next((layer[: -len(f)], f) for f in spec.fused if layer.endswith(f))
+        value = weights.pop(name)
+        for half, part in zip(spec.fused[fused], mx.split(value, 2, axis=-2)):
+            weights[f"{prefix}{half}.{kind}"] = mx.contiguous(part)
+            if layer in bits:
+                bits[f"{prefix}{half}"] = bits[layer]
+    for layer in [n for n in bits if any(n.endswith(f) for f in spec.fused)]:
+        del bits[layer]
+    return weights, bits
+
+
+def rope_config(cfg: dict[str, Any], tensors: dict[str, mx.array]) -> dict[str, Any]:
+    """The config with what ``rope_freqs`` says about rotated dimensions (Gemma 4)."""
+    factors = tensors.get("rope_freqs.weight")
+    if cfg["model_type"] != "gemma4_text" or factors is None:
+        return cfg
+    full = dict(cfg["rope_parameters"]["full_attention"])
+    full["partial_rotary_factor"] = gguf_gemma4.rotated_fraction(factors, cfg["global_head_dim"])
+    return {**cfg, "rope_parameters": {**cfg["rope_parameters"], "full_attention": full}}
 
 
 def apply_rope_freqs(model: Any, tensors: dict[str, mx.array], cfg: dict[str, Any]) -> None:
@@ -302,6 +354,9 @@ def apply_rope_freqs(model: Any, tensors: dict[str, mx.array], cfg: dict[str, An
     frequencies, so they are multiplied)."""
     factors = tensors.get("rope_freqs.weight")
     if factors is None:
+        return
+    if cfg["model_type"] == "gemma4_text":
+        gguf_gemma4.set_full_rope(model, factors, cfg)
         return
     dims = cfg["head_dim"]
     freqs = cfg["rope_theta"] ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims) * factors.astype(mx.float32)

@@ -4,9 +4,15 @@ Llama 2, Mistral, Gemma 1-3, ...) as a ``tokenizers`` BPE model.
 llama.cpp tokenizes these by repeatedly merging the adjacent pair whose
 joined piece has the best score. That is BPE whose merges are every split of
 every piece into two pieces, ranked by the joined piece's score (ties: lower
-id first). Spaces become ``▁``; a ``▁`` is prepended when
-``tokenizer.ggml.add_space_prefix`` is true (the default); characters
+id first). Spaces become ``▁``; when ``tokenizer.ggml.add_space_prefix`` is
+true (the default) a ``▁`` is prepended to the text and to every run of text
+after a special or user-defined token; characters
 missing from the vocabulary fall back to ``<0xXX>`` byte pieces.
+
+Gemma 4's kind (``gemma4``) is the same piece table with real BPE merges
+from the file (``tokenizer.ggml.merges``): llama.cpp turns spaces into ``▁``,
+splits the text only into runs of newlines and runs of everything else, and
+merges over each run; no space is prepended and a BOS always is.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ def add_space_prefix(meta: dict[str, Any]) -> bool:
 
 def spm_tokenizer(meta: dict[str, Any]):
     """A ``tokenizers.Tokenizer`` (no added tokens yet) for a SentencePiece-style vocabulary."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, normalizers
 
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
     scores = meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
@@ -65,11 +71,29 @@ def spm_tokenizer(meta: dict[str, Any]):
     )
     steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     if add_space_prefix(meta):
-        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="first", split=False)
+        # llama.cpp prepends a space to every run of text after a special
+        # token (and at the start), even one that starts with a space
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend(SPACE), normalizers.Replace(" ", SPACE)])
         steps.append(decoders.Strip(content=" ", left=1, right=0))
     else:
         tok.normalizer = normalizers.Replace(" ", SPACE)
     tok.decoder = decoders.Sequence(steps)
+    return tok
+
+
+def gemma4_tokenizer(meta: dict[str, Any]):
+    """A ``tokenizers.Tokenizer`` (no added tokens yet) for a ``gemma4`` vocabulary."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    tokens: list[str] = meta["tokenizer.ggml.tokens"]
+    vocab: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        vocab.setdefault(t, i)
+    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", SPACE)
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|[\n]+"), behavior="isolated")
+    tok.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
     return tok
 
 

@@ -1,7 +1,8 @@
 """A Hugging Face fast tokenizer rebuilt from GGUF metadata.
 
-Vocabulary kinds: byte-level BPE (``gpt2``, see ``gguf_bpe``) and
-SentencePiece-style (``llama``, see ``gguf_spm``). Control tokens become
+Vocabulary kinds: byte-level BPE (``gpt2``, see ``gguf_bpe``),
+SentencePiece-style (``llama``) and Gemma 4's BPE with byte fallback
+(``gemma4``, both in ``gguf_spm``). Control tokens become
 special tokens and user-defined tokens plain added tokens (both always
 matched whole, as llama.cpp does); BOS/EOS are added as
 ``tokenizer.ggml.add_bos_token``/``add_eos_token`` say; the chat template
@@ -17,9 +18,9 @@ from .gguf_eog import end_of_generation_ids
 from .gguf_file import GGUFHeader
 
 CONTROL, USER_DEFINED = 3, 4
-KINDS = ("gpt2", "llama")
+KINDS = ("gpt2", "llama", "gemma4")
 #: Whether a BOS token is added when the file does not say (llama.cpp's defaults).
-_ADD_BOS_DEFAULT = {"gpt2": False, "llama": True}
+_ADD_BOS_DEFAULT = {"gpt2": False, "llama": True, "gemma4": True}
 
 
 def check_tokenizer(header: GGUFHeader) -> None:
@@ -31,11 +32,13 @@ def check_tokenizer(header: GGUFHeader) -> None:
     if kind not in KINDS:
         raise UnsupportedModelError(
             f"{header.path.name}: GGUF tokenizer model {kind!r} is not supported "
-            f"(supported: gpt2 byte-level BPE, llama SentencePiece)"
+            f"(supported: gpt2 byte-level BPE, llama SentencePiece, gemma4 BPE with byte fallback)"
         )
     tokens = meta.get("tokenizer.ggml.tokens")
     if not tokens:
         raise ModelLoadError(f"{header.path.name}: GGUF metadata lacks tokenizer.ggml.tokens")
+    if kind == "gemma4" and not meta.get("tokenizer.ggml.merges"):
+        raise ModelLoadError(f"{header.path.name}: a gemma4 vocabulary needs tokenizer.ggml.merges")
     for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
         if key in meta and len(meta[key]) != len(tokens):
             raise ModelLoadError(
@@ -64,11 +67,12 @@ def tokenizer_from_gguf(meta: dict[str, Any]):
     kind = meta.get("tokenizer.ggml.model")
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    if kind == "llama":
-        from .gguf_spm import add_space_prefix, spm_detokenizer, spm_tokenizer
+    if kind in ("llama", "gemma4"):
+        from .gguf_spm import add_space_prefix, gemma4_tokenizer, spm_detokenizer, spm_tokenizer
 
-        tok = spm_tokenizer(meta)
-        detokenizer = lambda _: spm_detokenizer(tokens, types, trim_space=add_space_prefix(meta))  # noqa: E731
+        tok = spm_tokenizer(meta) if kind == "llama" else gemma4_tokenizer(meta)
+        trim = kind == "llama" and add_space_prefix(meta)
+        detokenizer = lambda _: spm_detokenizer(tokens, types, trim_space=trim)  # noqa: E731
     else:
         from .gguf_bpe import bpe_tokenizer
 
@@ -86,7 +90,10 @@ def tokenizer_from_gguf(meta: dict[str, Any]):
         return tokens[i] if i is not None and 0 <= i < len(tokens) else None
 
     bos, eos = token("bos"), token("eos")
-    add_bos = meta.get("tokenizer.ggml.add_bos_token", _ADD_BOS_DEFAULT[kind]) and bos is not None
+    add_bos = (
+        meta.get("tokenizer.ggml.add_bos_token", _ADD_BOS_DEFAULT[kind]) or kind == "gemma4"
+    )  # llama.cpp's rule
+    add_bos = add_bos and bos is not None
     add_eos = meta.get("tokenizer.ggml.add_eos_token", False) and eos is not None
     if add_bos or add_eos:
         head, tail = (f"{bos} " if add_bos else ""), (f" {eos}" if add_eos else "")
