@@ -22,6 +22,7 @@ from pathlib import Path
 import hf2q_py  # first: loads OpenBLAS before mlx.core
 
 import mlx.core as mx
+import numpy as np
 from mlx.utils import tree_flatten
 
 from hf2q_py.errors import Hf2qError, run_script
@@ -38,6 +39,32 @@ def weight_bytes(target) -> int:
 
 def quantized_layers(target) -> dict[str, object]:
     return {n: m for n, m in target.model.named_modules() if hasattr(m, "scales") and hasattr(m, "bits")}
+
+
+def against_numpy(path: Path, target) -> dict[str, float]:
+    """Per GGUF type, the largest difference between a kept layer's weights
+    (MLX's dequantization of what the loader packed) and the ``gguf``
+    package's numpy dequantizer on the file's blocks, relative to the tensor's
+    largest value (tensors whose rows the loader reorders are skipped)."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    from hf2q_py.loaders.gguf_arch import arch_spec, mlx_name
+
+    spec = arch_spec(read_header(path))
+    layers = quantized_layers(target)
+    worst: dict[str, float] = {}
+    for t in GGUFReader(str(path)).tensors:
+        name = mlx_name(t.name, spec)
+        layer = layers.get(name.rsplit(".", 1)[0]) if name and name.endswith(".weight") else None
+        if layer is None or (spec.permuted_qk and name.split(".")[-2] in ("q_proj", "k_proj")):
+            continue
+        want = dequantize(t.data, t.tensor_type).reshape(layer.weight.shape[:-1] + (-1,))
+        got = np.array(mx.dequantize(layer.weight, layer.scales, layer.biases, group_size=layer.group_size,
+                                     bits=layer.bits).astype(mx.float32))  # fmt: skip
+        err = float(np.abs(got - want).max() / np.abs(want).max())
+        worst[t.tensor_type.name] = max(worst.get(t.tensor_type.name, 0.0), err)
+    return worst
 
 
 def float16_scale_layout(target) -> tuple[int, float]:
@@ -77,6 +104,7 @@ def main() -> None:
     diff, scale = float(mx.abs(a - b).max()), float(mx.abs(b).max())
     same_argmax = bool(mx.all(a.argmax(-1) == b.argmax(-1)).item())
     gpu_bytes, f16_error = float16_scale_layout(keep)
+    numpy_gap = against_numpy(path, keep)
     quantized = sum(m.weight.size * 32 // m.bits for m in quantized_layers(keep).values())
     total = sum(v.size for n, v in tree_flatten(flt.model.parameters()))
     tokens = {d: hf2q_py.generate(t, ids, max_tokens=args.tokens).tokens for d, t in loaded.items()}
@@ -91,7 +119,9 @@ def main() -> None:
         f"largest logit difference keep vs float32 {diff:.3g} (logits up to {scale:.3g}), same argmax at "
         f"every position: {same_argmax}; greedy {args.tokens} tokens identical: "
         f"{tokens['keep'] == tokens['float32']}. Weights in quantized layers: {quantized / total:.1%} "
-        f"of all. float16 scales move a weight by at most {f16_error:.2g} of its layer's largest."
+        f"of all. float16 scales move a weight by at most {f16_error:.2g} of its layer's largest. "
+        "Kept weights against the gguf package's numpy dequantizer, largest difference relative to "
+        f"the tensor's largest value: {', '.join(f'{k} {v:.2g}' for k, v in sorted(numpy_gap.items()))}."
     )
     rec = results.record(
         shlex.join(["python", *sys.argv]),
@@ -101,7 +131,8 @@ def main() -> None:
               "load_seconds": seconds, "max_logit_diff": diff, "logit_scale": scale,
               "same_argmax": same_argmax, "same_tokens": tokens["keep"] == tokens["float32"],
               "file_bytes": path.stat().st_size, "float16_scale_bytes": gpu_bytes,
-              "float16_scale_error": f16_error, "quantized_weight_share": quantized / total},
+              "float16_scale_error": f16_error, "quantized_weight_share": quantized / total,
+              "against_numpy": numpy_gap},
     )  # fmt: skip
     results.publish(rec, args.results)
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
-from .gguf_dequant import DECODERS, _f16, _k_chunks, _k_scales, _nibbles, q5_codes, q5_k_codes
+from .gguf_dequant import DECODERS, _f16, _k_chunks, _k_scales, _nibbles, q5_codes, q5_k_codes, q6_k_integers
 
 GROUP = 32
 
@@ -111,6 +111,10 @@ def quantized(raw: mx.array, type_name: str, shape: tuple[int, ...]) -> tuple[mx
     size, decode = DECODERS[type_name]
     blocks = raw.reshape(-1, size)
     rows, cols = shape[:-1], shape[-1]
+    if type_name == "Q6_K":
+        w, scales, biases = q6_k_as_8_bits(blocks)
+        groups = (*rows, cols // GROUP)
+        return w.reshape(*rows, cols // 4), scales.reshape(groups), biases.reshape(groups)
     if type_name in REQUANTIZED:
         return requantize(decode(blocks).reshape(*rows, cols), REQUANTIZED[type_name])
     bits, split = EXACT[type_name]
@@ -129,6 +133,20 @@ def requantize(values: mx.array, bits: int) -> tuple[mx.array, mx.array, mx.arra
     scale = mx.where(hi > lo, (hi - lo) / levels, 1.0)
     codes = mx.clip(mx.round((v - lo) / scale), 0, levels).astype(mx.uint32)
     return pack(codes.reshape(*lead, n), bits), scale[..., 0], lo[..., 0]
+
+
+def q6_k_as_8_bits(blocks: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    """Q6_K blocks as 8-bit groups of 32 spanning each group's own range, in
+    integers: a value is ``d * n`` with ``n = sc * (q - 32)`` exact, so the
+    codes round ``n`` onto 255 steps from the group's least to its largest
+    ``n`` (as ``requantize`` does with the float values, in fewer passes)."""
+    ints, d = q6_k_integers(blocks)
+    n = ints.reshape(blocks.shape[0], 8, GROUP)  # |n| <= 128 * 32: int16 and float32 hold it exactly
+    lo, hi = n.min(axis=-1, keepdims=True), n.max(axis=-1, keepdims=True)
+    span = mx.maximum(hi - lo, 1).astype(mx.float32)
+    codes = mx.round((n - lo).astype(mx.float32) * (255 / span))
+    step = d[:, :, None] * span / 255
+    return pack(codes.reshape(blocks.shape[0], 256), 8), step[..., 0], (d[:, :, None] * lo)[..., 0]
 
 
 def keeps(type_name: str) -> bool:
