@@ -51,13 +51,26 @@ def test_types_that_mlx_groups_hold_stay_quantized_with_their_exact_values(name)
     np.testing.assert_allclose(np.array(got), want, rtol=1e-6, atol=1e-7)
 
 
-def test_q6_k_is_requantized_to_8_bits_within_half_a_step_of_each_group():
-    raw = random_blocks("Q6_K", 4)
-    w, scales, biases = quantized(mx.array(raw.reshape(-1)), "Q6_K", (2, 512))
-    got = np.array(mx.dequantize(w, scales, biases, group_size=32, bits=REQUANTIZED["Q6_K"]))
-    want = numpy_dequantize(raw.reshape(2, -1), Q.Q6_K).reshape(2, 16, 32)
-    step = (want.max(-1) - want.min(-1)) / 255
-    assert np.all(np.abs(got.reshape(2, 16, 32) - want) <= step[..., None] * 0.5 * (1 + 1e-4) + 1e-6)
+def test_q6_k_becomes_8_bits_exact_for_the_larger_scale_sub_block_and_within_an_eighth_step_elsewhere():
+    raw = random_blocks("Q6_K", 64)
+    raw[:4, 192:208] = np.tile(np.array([5, -5, 7, 7, -3, 6, 0, 0], np.int8), 2).view(
+        np.uint8
+    )  # r = -1, 1, -1/2, 0/0
+    w, scales, biases = quantized(mx.array(raw.reshape(-1)), "Q6_K", (16, 1024))
+    got = np.array(mx.dequantize(w, scales, biases, group_size=32, bits=REQUANTIZED["Q6_K"])).reshape(
+        -1, 8, 2, 16
+    )
+    want = numpy_dequantize(raw.reshape(16, -1), Q.Q6_K).reshape(-1, 8, 2, 16)
+    d = raw[:, 208:210].copy().view(np.float16).astype(np.float32)
+    step = np.abs(d * raw[:, 192:208].view(np.int8)).reshape(-1, 8, 2)  # each sub-block's Q6_K step
+    big = step.argmax(-1)[..., None, None] == np.arange(2)[:, None]
+    err = np.abs(got - want)
+    tol = 1e-6 * np.abs(want).max()
+    assert np.all(err[np.broadcast_to(big, err.shape)] <= tol)  # the larger-scale sub-block: exact
+    bound = step.max(-1)[..., None, None] / 8
+    corner = err > bound + tol  # only the clipped code 256: r = -1 at q = 0, a quarter step
+    assert np.all(err[corner] <= 2 * np.broadcast_to(bound, err.shape)[corner] + tol)
+    assert 0 < corner.sum() < 0.01 * err.size
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
@@ -123,3 +136,16 @@ def test_mixture_of_experts_k_quants_stay_quantized_and_compute_the_float_model(
     prompt = mx.array([[1, 5, 9, 14, 200, 33]])
     a, b = kept.model(prompt), floats.model(prompt)
     assert float(mx.abs(a - b).max()) < 1e-4 * float(mx.abs(b).max())
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0"])
+def test_a_tensor_kept_in_row_chunks_equals_it_converted_whole(name, monkeypatch):
+    from hf2q_py.loaders import gguf_tensors
+
+    block, _ = gguf.GGML_QUANT_SIZES[Q[name]]
+    raw = random_blocks(name, 2 * 7)  # 7 rows of 2 blocks
+    whole = quantized(mx.array(raw.reshape(-1)), name, (7, 2 * block))
+    monkeypatch.setattr(gguf_tensors, "CHUNK_WEIGHTS", 3 * 2 * block)  # 3 rows a chunk: 3 + 3 + 1
+    chunked = gguf_tensors._kept(raw.reshape(-1), name, (7, 2 * block))
+    for a, b in zip(whole, chunked, strict=True):
+        assert a.shape == b.shape and mx.array_equal(a, b).item()

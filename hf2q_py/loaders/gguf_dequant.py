@@ -93,22 +93,23 @@ def _q5_k(b: mx.array) -> mx.array:  # d, dmin, scales[12], qh[32], qs[128]
     return (d * scales[:, :, None] * q - dmin * mins[:, :, None]).reshape(b.shape[0], 256)
 
 
-def q6_k_integers(b: mx.array) -> tuple[mx.array, mx.array]:
-    """Q6_K values as integers times ``d``: ``sc * (q - 32)`` (int16, (blocks,
-    16, 16): 16-value sub-blocks) and ``d`` (float32, (blocks, 1))."""
+def q6_k_parts(b: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    """Q6_K as ``d * sc * (q - 32)``: the 6-bit ``q`` (uint8, (blocks, 16,
+    16): 16-value sub-blocks in value order), ``sc`` (int8, (blocks, 16)) and
+    ``d`` (float32, (blocks, 1))."""
     n = b.shape[0]
     ql = b[:, 0:128].reshape(n, 2, 1, 2, 32)  # half, nibble, ql run (0-31 / 32-63), l
     low = mx.concatenate([ql & 15, ql >> 4], axis=2).reshape(n, 2, 4, 32)
     shifts = mx.array([0, 2, 4, 6], dtype=mx.uint8)[:, None]
     high = (b[:, 128:192].reshape(n, 2, 1, 32) >> shifts) & 3
-    q = (low | (high << 4)).astype(mx.int16).reshape(n, 16, 16) - 32
-    scales = mx.view(b[:, 192:208], mx.int8).astype(mx.int16)
-    return scales[:, :, None] * q, _f16(b, 208)
+    q = (low | (high << 4)).reshape(n, 16, 16)
+    return q, mx.view(b[:, 192:208], mx.int8), _f16(b, 208)
 
 
 def _q6_k(b: mx.array) -> mx.array:  # ql[128], qh[64], int8 scales[16], d
-    ints, d = q6_k_integers(b)
-    return d * ints.reshape(b.shape[0], 256).astype(mx.float32)
+    q, sc, d = q6_k_parts(b)
+    values = sc.astype(mx.float32)[:, :, None] * (q.astype(mx.float32) - 32)
+    return d * values.reshape(b.shape[0], 256)
 
 
 #: type name -> (bytes per block, decoder to (blocks, values per block))

@@ -12,9 +12,9 @@ words). Most llama.cpp block types are that form exactly:
   scale ``d * sc``, bias ``-dmin * m``; 4 / 5 bits.
 
 Q6_K's 16-value sub-blocks each have their own scale, which no MLX group
-size holds (32 is the smallest): its values are re-quantized to 8 bits per
-group of 32, each within half a step of 1/255 of its group's range (a Q6_K
-step is 1/63 of a sub-block's range).
+size holds (32 is the smallest): each group of 32 becomes 8 bits with the
+step of its larger-scale sub-block / 4, exact for that sub-block and within
+an eighth of its Q6_K step for the other (``q6_k_as_8_bits``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
-from .gguf_dequant import DECODERS, _f16, _k_chunks, _k_scales, _nibbles, q5_codes, q5_k_codes, q6_k_integers
+from .gguf_dequant import DECODERS, _f16, _k_chunks, _k_scales, _nibbles, q5_codes, q5_k_codes, q6_k_parts
 
 GROUP = 32
 
@@ -108,45 +108,38 @@ REQUANTIZED = {"Q6_K": 8}
 def quantized(raw: mx.array, type_name: str, shape: tuple[int, ...]) -> tuple[mx.array, mx.array, mx.array]:
     """The MLX (weight, scales, biases) of one tensor's raw blocks (lazy);
     ``shape`` is the tensor's (rows, ..., columns)."""
-    size, decode = DECODERS[type_name]
+    size = DECODERS[type_name][0]
     blocks = raw.reshape(-1, size)
     rows, cols = shape[:-1], shape[-1]
     if type_name == "Q6_K":
         w, scales, biases = q6_k_as_8_bits(blocks)
         groups = (*rows, cols // GROUP)
         return w.reshape(*rows, cols // 4), scales.reshape(groups), biases.reshape(groups)
-    if type_name in REQUANTIZED:
-        return requantize(decode(blocks).reshape(*rows, cols), REQUANTIZED[type_name])
     bits, split = EXACT[type_name]
     codes, scales, biases = split(blocks)  # scales, biases: float32, one per group of 32
     groups = (*rows, cols // GROUP)
     return pack(codes.reshape(*rows, cols), bits), scales.reshape(groups), biases.reshape(groups)
 
 
-def requantize(values: mx.array, bits: int) -> tuple[mx.array, mx.array, mx.array]:
-    """Values (..., n) as ``bits``-bit groups of 32 spanning each group's own
-    range: every value within half a step, 1/(2**bits - 1) of that range."""
-    lead, n = values.shape[:-1], values.shape[-1]
-    v = values.reshape(*lead, n // GROUP, GROUP)
-    lo, hi = v.min(axis=-1, keepdims=True), v.max(axis=-1, keepdims=True)
-    levels = 2**bits - 1
-    scale = mx.where(hi > lo, (hi - lo) / levels, 1.0)
-    codes = mx.clip(mx.round((v - lo) / scale), 0, levels).astype(mx.uint32)
-    return pack(codes.reshape(*lead, n), bits), scale[..., 0], lo[..., 0]
-
-
 def q6_k_as_8_bits(blocks: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-    """Q6_K blocks as 8-bit groups of 32 spanning each group's own range, in
-    integers: a value is ``d * n`` with ``n = sc * (q - 32)`` exact, so the
-    codes round ``n`` onto 255 steps from the group's least to its largest
-    ``n`` (as ``requantize`` does with the float values, in fewer passes)."""
-    ints, d = q6_k_integers(blocks)
-    n = ints.reshape(blocks.shape[0], 8, GROUP)  # |n| <= 128 * 32: int16 and float32 hold it exactly
-    lo, hi = n.min(axis=-1, keepdims=True), n.max(axis=-1, keepdims=True)
-    span = mx.maximum(hi - lo, 1).astype(mx.float32)
-    codes = mx.round((n - lo).astype(mx.float32) * (255 / span))
-    step = d[:, :, None] * span / 255
-    return pack(codes.reshape(blocks.shape[0], 256), 8), step[..., 0], (d[:, :, None] * lo)[..., 0]
+    """Q6_K blocks as 8-bit groups of 32 (two 16-value sub-blocks each).
+
+    A group's step is ``d * S / 4``, ``S`` the sub-block scale of larger
+    magnitude: that sub-block's values ``d * S * (q - 32)`` are the codes
+    ``4 q`` exactly; the other sub-block's (scale ``sc = r * S``, ``|r| <=
+    1``) round ``128 + 4 r (q - 32)``, within half a step (an eighth of the
+    group's largest Q6_K step), except the value at ``q = 0`` when ``r = -1``
+    (code 256), clipped to 255: a quarter of that step."""
+    q, sc, d = q6_k_parts(blocks)
+    n = blocks.shape[0]
+    sc = sc.astype(mx.float32).reshape(n, 8, 2)
+    big = mx.where(mx.abs(sc[..., :1]) >= mx.abs(sc[..., 1:]), sc[..., :1], sc[..., 1:])
+    big = mx.where(big == 0, 1.0, big)
+    r = (sc / big)[..., None]  # (n, 8, 2, 1)
+    x = q.reshape(n, 8, 2, 16).astype(mx.float32)
+    codes = mx.minimum(mx.round(4 * r * x + 128 * (1 - r)), 255).astype(mx.uint8)
+    step = d * big[..., 0] / 4
+    return pack(codes.reshape(n, 256), 8), step, -128 * step
 
 
 def keeps(type_name: str) -> bool:

@@ -19,6 +19,9 @@ from .gguf_quant import keeps, quantized
 #: returns wrong values for them, so any other type goes through numpy.
 MX_LOAD_TYPES = {"F32", "F16", "Q4_0", "Q4_1", "Q8_0"}
 _FLOAT_TYPES = {"F32": "<f4", "F16": "<f2"}
+#: Weights converted at a time when a tensor stays quantized: bounds the
+#: float temporaries (Q6_K's) to ~64 MiB whatever the tensor's size.
+CHUNK_WEIGHTS = 1 << 24
 
 
 def read_tensors(header: GGUFHeader, keep_quantized: bool = False) -> dict[str, mx.array]:
@@ -45,10 +48,32 @@ def read_tensors(header: GGUFHeader, keep_quantized: bool = False) -> dict[str, 
                 )
             elif keep_quantized and keeps(info.type_name) and info.name.endswith(".weight"):
                 stem = info.name.removesuffix(".weight")
-                triple = quantized(mx.array(raw), info.type_name, info.shape)
+                triple = _kept(raw, info.type_name, info.shape)
                 for kind, value in zip(("weight", "scales", "biases"), triple):
                     out[f"{stem}.{kind}"] = value
             else:
                 out[info.name] = dequantize(raw, info)
             del raw
     return out
+
+
+def _kept(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> tuple[mx.array, ...]:
+    """One tensor's MLX quantized triple, evaluated: its rows converted
+    ``CHUNK_WEIGHTS`` at a time, so that loading holds the result and one
+    chunk's temporaries, not a whole file's."""
+    rows = int(np.prod(shape[:-1]))
+    step = max(1, CHUNK_WEIGHTS // shape[-1])
+    per_row = raw.size // rows
+    parts = []
+    for start in range(0, rows, step):
+        n = min(step, rows - start)
+        part = quantized(mx.array(raw[start * per_row : (start + n) * per_row]), type_name, (n, shape[-1]))
+        mx.eval(part)
+        parts.append(part)
+    lead = tuple(shape[:-1])
+    if len(parts) == 1:
+        return tuple(p.reshape(*lead, -1) for p in parts[0])
+    whole = tuple(mx.concatenate(p, axis=0).reshape(*lead, -1) for p in zip(*parts, strict=True))
+    del parts
+    mx.eval(whole)
+    return whole
