@@ -1,6 +1,6 @@
 """A GGUF file loaded as it is stored (``dtype="keep"``: quantized tensors stay
-MLX-quantized) against the same file in float32: memory of the weights, load
-time, the largest logit difference on a prompt, and whether greedy decoding
+MLX-quantized) against the same file in float32: memory of the weights, MLX's
+peak memory while loading, load time, the largest logit difference on a prompt, and whether greedy decoding
 gives the same tokens.
 
 On this CPU MLX's quantized matmul is slow (only float32 matmuls use BLAS),
@@ -93,11 +93,14 @@ def main() -> None:
     if args.results:
         check_writable(args.results, "--results file")
     types = Counter(t.type_name for t in read_header(path).tensors.values())
-    loaded, seconds = {}, {}
+    loaded, seconds, peak = {}, {}, {}
     for dtype in ("keep", "float32"):
+        mx.clear_cache()
+        mx.reset_peak_memory()
         t0 = time.perf_counter()
         loaded[dtype] = hf2q_py.load(path, dtype=dtype)
         seconds[dtype] = time.perf_counter() - t0
+        peak[dtype] = mx.get_peak_memory()
     keep, flt = loaded["keep"], loaded["float32"]
     ids = hf2q_py.encode_prompt(flt, PROMPT)
     a, b = keep.model(mx.array([ids]))[0], flt.model(mx.array([ids]))[0]
@@ -108,12 +111,15 @@ def main() -> None:
     quantized = sum(m.weight.size * 32 // m.bits for m in quantized_layers(keep).values())
     total = sum(v.size for n, v in tree_flatten(flt.model.parameters()))
     tokens = {d: hf2q_py.generate(t, ids, max_tokens=args.tokens).tokens for d, t in loaded.items()}
-    rows = [[d, f"{weight_bytes(t) / 2**20:.0f}", f"{seconds[d]:.1f}"] for d, t in loaded.items()]
-    rows.append(["keep / float32", f"{weight_bytes(keep) / weight_bytes(flt):.2f}x", ""])
+    rows = [
+        [d, f"{weight_bytes(t) / 2**20:.0f}", f"{peak[d] / 2**20:.0f}", f"{seconds[d]:.1f}"]
+        for d, t in loaded.items()
+    ]
+    rows.append(["keep / float32", f"{weight_bytes(keep) / weight_bytes(flt):.2f}x", "", ""])
     file_mib = path.stat().st_size / 2**20
-    rows.append(["keep / file", f"{weight_bytes(keep) / path.stat().st_size:.2f}x", ""])
-    rows.append(["keep, float16 scales (GPU layout, computed)", f"{gpu_bytes / 2**20:.0f}", ""])
-    rows.append(["  / file", f"{gpu_bytes / path.stat().st_size:.2f}x", ""])
+    rows.append(["keep / file", f"{weight_bytes(keep) / path.stat().st_size:.2f}x", "", ""])
+    rows.append(["keep, float16 scales (GPU layout, computed)", f"{gpu_bytes / 2**20:.0f}", "", ""])
+    rows.append(["  / file", f"{gpu_bytes / path.stat().st_size:.2f}x", "", ""])
     notes = (
         f"{path.name} ({file_mib:.0f} MiB; tensor types {dict(types)}). Prompt of {len(ids)} tokens: "
         f"largest logit difference keep vs float32 {diff:.3g} (logits up to {scale:.3g}), same argmax at "
@@ -125,10 +131,10 @@ def main() -> None:
     )
     rec = results.record(
         shlex.join(["python", *sys.argv]),
-        [results.table(["dtype", "weights MiB", "load s"], rows, "lrr")],
+        [results.table(["dtype", "weights MiB", "peak MiB while loading", "load s"], rows, "lrrr")],
         notes=notes,
         data={"types": dict(types), "bytes": {d: weight_bytes(t) for d, t in loaded.items()},
-              "load_seconds": seconds, "max_logit_diff": diff, "logit_scale": scale,
+              "load_seconds": seconds, "peak_bytes": peak, "max_logit_diff": diff, "logit_scale": scale,
               "same_argmax": same_argmax, "same_tokens": tokens["keep"] == tokens["float32"],
               "file_bytes": path.stat().st_size, "float16_scale_bytes": gpu_bytes,
               "float16_scale_error": f16_error, "quantized_weight_share": quantized / total,
