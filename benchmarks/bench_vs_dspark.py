@@ -12,7 +12,7 @@ decoding's tokens. A session's later requests (an agent's next edit, a
 retry) run on the same hf2q-py Target, so they draft from its memory;
 mlx-dspark has no memory across calls.
 
-    pip install --no-deps mlx-dspark==0.20.3 && pip install requests Pillow
+    pip install --no-deps mlx-dspark==0.20.3 mlx-vlm==0.7.10 && pip install requests Pillow
     python benchmarks/bench_vs_dspark.py [--model PATH] [--only code:,agent:] [--max-tokens 160]
         [--repeats 3] [--results PATH]
 """
@@ -44,7 +44,7 @@ def dspark():
         from mlx_dspark.target import Target as DSparkTarget
     except ImportError as e:
         raise Hf2qError(
-            f"mlx-dspark is not installed ({e}): pip install --no-deps mlx-dspark==0.20.3 && "
+            f"mlx-dspark is not installed ({e}): pip install --no-deps mlx-dspark==0.20.3 mlx-vlm==0.7.10 && "
             "pip install requests Pillow"
         ) from None
     return lookup_generate, DSparkTarget

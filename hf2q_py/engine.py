@@ -73,7 +73,12 @@ def generate_tokens(
     t0 = time.perf_counter()
     rt = _resume(target, prompt, policy.k_max, reuse=not proposer.capture_layers)
     stats.cached_tokens = rt.offset
+    tp = rt.clock()
     hidden = _prefill(rt, prompt, proposer.capture_layers)
+    prefill_seconds = rt.clock() - tp
+    if target.sharding is not None and proposer.active:  # every rank's policy learns rank 0's time
+        (prefill_seconds,) = agree(target.sharding, [prefill_seconds])
+    policy.prefilled(len(prompt) - 1 - stats.cached_tokens, prefill_seconds)
     stats.prefill_seconds = time.perf_counter() - t0
     t_start = rt.clock()
     loop = _Loop(rt, proposer, policy, decider, prompt, max_tokens, stats)

@@ -164,25 +164,54 @@ def test_a_key_prior_can_set_the_first_position_apart():
     assert policy.next_k("weak start") < policy.next_k("strong start")
 
 
-def test_unmeasured_widths_follow_the_measured_ones():
-    """Once some widths are timed, an untimed width costs the prior's shape
-    through the nearest timed width: cheap measured verifies make longer
-    drafts worth trying."""
+def test_unmeasured_widths_lie_on_the_line_between_measured_ones():
+    """Once some widths are timed, an untimed width between two of them (a
+    decode costs 1) costs the line between them: cheap measured verifies make
+    longer drafts worth trying."""
     policy = AdaptiveK(32)
     policy.update(Round(cost_seconds=DECODE_S))
-    policy.update(
-        Round(drafted=8, accepted=8, cost_seconds=DECODE_S * 1.3)
-    )  # measured: 9 tokens cost 1.3 decodes (prior: 1.96)
-    assert policy.cost_model.cost(9) == pytest.approx(1.3)
-    assert policy.cost_model.cost(17) == pytest.approx(
-        1.3 * policy.cost_model.prior_cost(17) / policy.cost_model.prior_cost(9)
-    )
-    assert policy.cost_model.cost(7) == pytest.approx(
-        max(1.0, 1.3 * policy.cost_model.prior_cost(7) / policy.cost_model.prior_cost(9))
-    )
+    policy.update(Round(drafted=8, accepted=8, cost_seconds=DECODE_S * 1.3))  # 9 tokens: 1.3 (prior: 1.8)
+    policy.update(Round(drafted=16, accepted=16, cost_seconds=DECODE_S * 1.7))  # 17 tokens: 1.7
+    cost = policy.cost_model.cost
+    assert cost(9) == pytest.approx(1.3) and cost(17) == pytest.approx(1.7)
+    assert cost(5) == pytest.approx(1.0 + 0.3 * 4 / 8)
+    assert cost(13) == pytest.approx(1.5)
     assert AdaptiveK(32).cost_model.cost(17) == pytest.approx(
         AdaptiveK(32).cost_model.prior_cost(17)
     )  # nothing measured
+
+
+def test_past_the_widest_measured_width_each_token_costs_a_prefilled_tokens_share():
+    """A prefill's seconds per token, relative to a decode, is what one more
+    token of a wide forward costs: past the widest timed width, costs grow
+    by it (until a prefill is timed, as the prior's shape through that width)."""
+    policy = AdaptiveK(32)
+    policy.update(Round(cost_seconds=DECODE_S))
+    policy.update(Round(drafted=8, accepted=8, cost_seconds=DECODE_S * 1.3))
+    prior = policy.cost_model.prior_cost
+    assert policy.cost_model.slope() is None
+    assert policy.cost_model.cost(17) == pytest.approx(1.3 * prior(17) / prior(9))
+    policy.prefilled(200, 200 * 0.05 * DECODE_S)  # 0.05 decodes a token
+    assert policy.cost_model.slope() == pytest.approx(0.05)
+    assert policy.cost_model.cost(17) == pytest.approx(1.3 + 0.05 * 8)
+    short = AdaptiveK(32)
+    short.update(Round(cost_seconds=DECODE_S))
+    short.prefilled(10, 10 * 0.5 * DECODE_S)  # a short prefill times mostly a forward's fixed cost
+    assert short.cost_model.slope() is None
+
+
+def test_before_a_decode_is_timed_verifies_estimate_it():
+    """A first request that drafts from its first round (a long copy) never
+    times a plain decode while it copies: the narrowest timed verify,
+    through the prior's shape, stands in for one, so the prefill's slope
+    and the measured widths apply from the first rounds."""
+    policy = AdaptiveK(32)
+    policy.prefilled(200, 200 * 0.05 * DECODE_S)
+    policy.update(Round(drafted=4, accepted=4, cost_seconds=DECODE_S * 1.5))
+    t1 = DECODE_S * 1.5 / policy.cost_model.prior_cost(5)
+    assert policy.cost_model.decode_time() == pytest.approx(t1)
+    assert policy.cost_model.slope() == pytest.approx(0.05 * DECODE_S / t1)
+    assert not policy.cost_model.knows_decode()
 
 
 def simulate(policy, draft_cost: float, p_accept: float, tokens: int, seed: int = 0) -> float:

@@ -90,6 +90,10 @@ class AdaptiveK:
         if r.early_rejected:
             self.observe(r.early_rejected, 0, r.early_key)
 
+    def prefilled(self, tokens: int, seconds: float) -> None:
+        """A prefill's time per token: what wide verifies cost (``CostModel``)."""
+        self.cost_model.prefilled(tokens, seconds)
+
     def observe(self, drafted: int, accepted: int, key: Hashable = None) -> None:
         """Acceptance alone, without a timed round; a probe's outcome sets the
         next cool-down."""

@@ -14,6 +14,9 @@ from .profile import DraftProfile
 #: round's bonus token and final draft); a round that read more caught up on
 #: a stretch it did not draft, and its drafting time is not a per-draft cost.
 MAX_ROUTINE_CATCH_UP = 2
+#: A prefill of at least this many tokens times what one more token of a
+#: wide forward costs (shorter ones mostly time the forward's fixed cost).
+MIN_PREFILL_TOKENS = 64
 
 
 @dataclass
@@ -27,6 +30,8 @@ class Timings:
     counts: dict[int, float] = field(default_factory=dict)
     break_seconds: float = 0.0
     breaks: float = 0.0
+    prefill_seconds: float = 0.0  # decayed sums over prefills of at least MIN_PREFILL_TOKENS
+    prefill_tokens: float = 0.0
 
 
 class CostModel(Protocol):
@@ -52,14 +57,22 @@ class CostModel(Protocol):
         """Learn from a finished round."""
         ...
 
+    def prefilled(self, tokens: int, seconds: float) -> None:
+        """Learn from a prefill of ``tokens`` tokens that took ``seconds``."""
+        ...
+
 
 class MeasuredCosts:
     """Round costs from the rounds' own wall times.
 
     A verify round costs ``c(K+1)``: its measured seconds relative to a
-    pipelined decode (the prior ``1 + slope (L - 1)`` until measured, scaled
-    through the nearest measured width), plus the measured cost of
-    restarting the decode pipeline: plain decodes overlap each other (the
+    pipelined decode; a width not measured yet costs the line between the
+    measured widths around it (a decode costs 1), and past the widest one
+    each more token costs the ``slope``: a prefill's seconds per token
+    relative to a decode once one is timed (wide forwards of the same
+    kernels), else the prior ``1 + prior_slope (L - 1)``'s shape through
+    the widest (all of it when nothing is measured). To that comes the measured
+    cost of restarting the decode pipeline: plain decodes overlap each other (the
     next one is queued while the current one runs), a verify round does not.
     The decodes around a break of the pipeline (the chain's last one, the
     restarted one, the first chained one after it) are timed together
@@ -110,10 +123,11 @@ class MeasuredCosts:
         return max(0.0, b.break_seconds / b.breaks / t1)
 
     def decode_time(self) -> float | None:
-        """Seconds of a plain decode: measured, or (split drafting) estimated
-        from the nearest measured verify width through the prior's shape."""
+        """Seconds of a plain decode: measured, or estimated from the
+        narrowest measured verify width through the prior's shape (a first
+        request that drafts from its first round times no decode for a while)."""
         t1 = self.time(1)
-        if t1 is None and self.profile.split_drafting:
+        if t1 is None:
             widths = [w for w, c in self.timings.counts.items() if c and w > 1]
             if widths:
                 m = min(widths)
@@ -143,19 +157,32 @@ class MeasuredCosts:
         t1 = self.decode_time()
         counts = self.timings.counts
         measured = sorted(w for w, c in counts.items() if c and w > 1) if self.timed and t1 else []
-        restart = self.restart_cost()
-        out = [1.0, 1.0]
+        # timings are noisy; no forward costs less than a decode
+        points = [(1, 1.0)] + [(w, max(1.0, self.time(w) / t1)) for w in measured]
+        slope, restart = self.slope(), self.restart_cost()
+        out, i = [1.0, 1.0], 0
         for n in range(2, self.k_max + 2):
-            tn = self.time(n) if measured else None
-            if tn:
-                c = max(1.0, tn / t1)  # timings are noisy; more tokens never cost less
-            elif measured:  # the prior's shape through the nearest measured width
-                m = min(measured, key=lambda w: abs(w - n))
-                c = max(1.0, self.time(m) / t1 * self.prior_cost(n) / self.prior_cost(m))
-            else:
-                c = self.prior_cost(n)
+            while i + 1 < len(points) and points[i + 1][0] <= n:
+                i += 1
+            a, ca = points[i]
+            if i + 1 < len(points):  # between two measured widths
+                b, cb = points[i + 1]
+                c = ca + (cb - ca) * (n - a) / (b - a)
+            elif slope is not None:  # past the widest: a prefilled token's share per token
+                c = ca + slope * (n - a)
+            else:  # past the widest, no prefill timed: the prior's shape through the widest
+                c = ca * self.prior_cost(n) / self.prior_cost(a)
             out.append(c + restart)
         return out
+
+    def slope(self) -> float | None:
+        """What one more token of a wide forward costs, relative to a plain
+        decode: a prefill's seconds per token (prefills of at least
+        ``MIN_PREFILL_TOKENS``); None until one is timed."""
+        t1, tm = self.decode_time(), self.timings
+        if self.timed and t1 and tm.prefill_tokens:
+            return tm.prefill_seconds / tm.prefill_tokens / t1
+        return None
 
     def cost(self, n: int) -> float:
         """A round feeding ``n`` tokens relative to a plain decode."""
@@ -169,6 +196,13 @@ class MeasuredCosts:
         return self.prior_cost(self.probe_k + 1) - 1.0
 
     # -- learning ----------------------------------------------------------
+    def prefilled(self, tokens: int, seconds: float) -> None:
+        """Learn from a prefill: its seconds per token give the slope."""
+        if tokens >= MIN_PREFILL_TOKENS and seconds > 0:
+            tm = self.timings
+            tm.prefill_seconds = 0.9 * tm.prefill_seconds + seconds
+            tm.prefill_tokens = 0.9 * tm.prefill_tokens + tokens
+
     def update(self, r: Round) -> None:
         """Learn a finished round's cost: per forward width, or as part of a
         break of the decode pipeline (timed together until it is over)."""

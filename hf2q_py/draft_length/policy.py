@@ -31,6 +31,10 @@ class Policy(Protocol):
         """Learn from a finished round."""
         ...
 
+    def prefilled(self, tokens: int, seconds: float) -> None:
+        """Learn from the prompt's prefill: ``tokens`` fed in ``seconds``."""
+        ...
+
 
 class NoDrafts:
     """Plain decoding: K is always 0."""
@@ -41,6 +45,9 @@ class NoDrafts:
         return 0
 
     def update(self, r: Round) -> None:
+        pass
+
+    def prefilled(self, tokens: int, seconds: float) -> None:
         pass
 
 
@@ -55,4 +62,7 @@ class FixedK:
         return self.k
 
     def update(self, r: Round) -> None:
+        pass
+
+    def prefilled(self, tokens: int, seconds: float) -> None:
         pass

@@ -75,6 +75,7 @@ class RecordedRuntime:
 
     def prefill(self, tokens: Sequence[int], **kw: Any) -> Forward:
         self.offset += len(tokens)
+        self.now += self.target.seconds(len(tokens)) if tokens else 0.0
         return Forward(None, {})
 
     def decode(self, token: Any, **kw: Any) -> Forward:
