@@ -130,3 +130,20 @@ def test_a_cold_replay_starts_each_stream_on_a_fresh_target():
     assert (
         (cold_b.rounds, cold_b.seconds) == (cold_a.rounds, cold_a.seconds) == (warm_a.rounds, warm_a.seconds)
     )
+
+
+def test_a_replayed_prefill_takes_a_forward_of_its_width_and_teaches_the_slope():
+    """The recorded clock charges the prompt's prefill a forward of its width,
+    so adaptive K learns the slope of wide verifies from it as in a live run."""
+    from hf2q_py.draft_length import AdaptiveK
+    from hf2q_py.engine import generate_tokens
+    from hf2q_py.proposers.suffix import SuffixProposer
+    from hf2q_py.tools.recorded import RecordedTarget
+
+    prompt = random_prompt(100, 8)
+    target = RecordedTarget(prompt, prompt[:20], COST)
+    policy = AdaptiveK(16, SuffixProposer.profile)
+    for _ in generate_tokens(target, prompt, max_tokens=20, proposer=SuffixProposer(), policy=policy):
+        pass
+    per_token = COST(len(prompt) - 1) / (len(prompt) - 1)
+    assert policy.cost_model.slope() == pytest.approx(per_token / policy.cost_model.decode_time())
