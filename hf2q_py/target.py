@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from functools import cached_property
 from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Hashable, Sequence
@@ -62,6 +63,20 @@ class Kept:
             d.clear()
 
 
+#: How a line break is spelled in a vocabulary's token strings: literally,
+#: byte-level BPE's stand-in for byte 0x0A, SentencePiece's byte fallback.
+LINE_BREAK_SPELLINGS = ("\n", "\u010a", "<0x0A>")
+
+
+def line_break_tokens(tokenizer: Any) -> frozenset[int]:
+    """Token ids whose text holds a line break, read from the vocabulary's
+    token strings (no decoding); empty without a tokenizer or vocabulary."""
+    vocab = getattr(tokenizer, "vocab", None) if tokenizer is not None else None
+    if not isinstance(vocab, dict):
+        return frozenset()
+    return frozenset(i for text, i in vocab.items() if any(m in text for m in LINE_BREAK_SPELLINGS))
+
+
 class Target:
     """A language model and its tokenizer, ready for generation.
 
@@ -97,6 +112,11 @@ class Target:
         self.prompt_cache: PromptCache | None = None
         #: How the model is split over an ``mlx.launch`` group (None: it is whole).
         self.sharding = sharding
+
+    @cached_property
+    def line_breaks(self) -> frozenset[int]:
+        """Token ids whose text holds a line break (``line_break_tokens``)."""
+        return line_break_tokens(self.tokenizer)
 
     @classmethod
     def from_mlx_lm(cls, model: Any, tokenizer: Any = None) -> Target:

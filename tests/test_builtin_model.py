@@ -110,3 +110,11 @@ def test_a_stop_string_ends_text_and_tokens_at_the_same_place_on_a_real_vocabula
         assert r.tokens == free.tokens[: len(r.tokens)] and r.stats.generated_tokens == len(r.tokens)
         chunks = list(hf2q_py.stream_generate(smol, prompt, max_tokens=24, stop=[stop], method=method))
         assert "".join(c.text for c in chunks) == r.text and [t for c in chunks for t in c.tokens] == r.tokens
+
+
+def test_line_break_tokens_of_the_byte_level_vocabulary_are_the_ones_that_decode_to_one(smol):
+    """Byte-level BPE spells byte 0x0A as U+010A in its token strings."""
+    tok = smol.tokenizer
+    decoded = {i for i in range(len(tok.vocab)) if "\n" in tok.decode([i])}
+    assert len(decoded) > 10
+    assert smol.line_breaks == decoded

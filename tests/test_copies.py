@@ -55,7 +55,7 @@ def test_a_deep_match_is_copied_without_running_the_draft_model():
     prompt = repeating_prompt()  # the last 6 tokens occurred before, followed by the block's second half
     proposer = combined(draft)
     proposer.start(None, prompt, {}, Greedy())
-    assert proposer.draft_key(prompt) == ("copy", (4, False))
+    assert proposer.draft_key(prompt) == ("copy", (4, False, False))
     got = proposer.propose(prompt, 16)
     assert got.tokens == prompt[6 : 6 + len(got)] and len(got) >= 4
     assert got.probs is None  # a copy is a point mass
@@ -85,7 +85,7 @@ def test_the_copy_option_builds_a_combined_proposer_with_a_larger_cap():
     assert isinstance(proposer, CombinedProposer) and proposer.model_k == 4 and proposer.min_depth == 3
     assert isinstance(policy, AdaptiveK) and policy.k_max >= 16 and policy.profile.split_drafting
     assert (
-        policy.profile.draft_cost_priors[("copy", (4, False))] == 0.0
+        policy.profile.draft_cost_priors[("copy", (4, False, False))] == 0.0
         and 0 < policy.profile.draft_cost_priors[MODEL_KEY] <= 1
     )
     default, _ = build_proposer(target, SpecConfig(method="draft", draft=draft))

@@ -9,6 +9,7 @@ from hf2q_py.loaders.gguf_eog import end_of_generation_ids
 from hf2q_py.loaders.gguf_file import GGUFHeader
 from hf2q_py.loaders.gguf_spm import derive_merges
 from hf2q_py.loaders.gguf_tokenizer import check_tokenizer, tokenizer_from_gguf
+from hf2q_py.target import line_break_tokens
 
 SPECIAL_TEXT = tuple(USER_DEFINED + CONTROL)
 
@@ -52,6 +53,19 @@ def test_each_run_of_text_between_special_tokens_is_tokenized_alone_as_llama_cpp
     for special in SPECIAL_TEXT:
         got = alone(f"ab{special}user\nx")
         assert got == alone("ab") + alone(special) + alone("user\nx"), special
+
+
+@pytest.mark.parametrize("space_prefix", [True, False])
+def test_line_break_tokens_are_the_tokens_whose_text_holds_one(space_prefix):
+    """Literal newline pieces, user-defined ones and the byte-fallback <0x0A>."""
+    tok = tokenizer_from_gguf(spm_metadata(space_prefix))
+    decoded = {i for i in range(len(tok.vocab)) if "\n" in tok.decode([i])}
+    assert len(decoded) >= 3
+    assert line_break_tokens(tok) == decoded
+
+
+def test_no_tokenizer_has_no_line_break_tokens():
+    assert line_break_tokens(None) == frozenset()
 
 
 @pytest.mark.parametrize("space_prefix", [True, False])

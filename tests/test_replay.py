@@ -5,7 +5,15 @@ from models import random_prompt, tiny_target
 
 import hf2q_py
 from hf2q_py.errors import Hf2qError
-from hf2q_py.tools.replay import BOUND_LABEL, CostModel, Stream, bound, main, markdown, replay
+from hf2q_py.tools.replay import (
+    BOUND_LABEL,
+    CostModel,
+    Stream,
+    bound,
+    main,
+    markdown,
+    replay,
+)
 
 
 COST = CostModel({1: 0.1, 2: 0.11, 9: 0.18, 33: 0.3})
@@ -147,3 +155,14 @@ def test_a_replayed_prefill_takes_a_forward_of_its_width_and_teaches_the_slope()
         pass
     per_token = COST(len(prompt) - 1) / (len(prompt) - 1)
     assert policy.cost_model.slope() == pytest.approx(per_token / policy.cost_model.decode_time())
+
+
+def test_a_recorded_streams_line_breaks_key_its_replayed_drafts(tmp_path):
+    from hf2q_py.methods import SpecConfig, build_proposer
+    from hf2q_py.tools.replay import _Replayer, load, save
+
+    path = tmp_path / "streams.json"
+    save(str(path), [Stream("s", "code", [1, 9, 3], [1, 9], line_breaks=[9])], COST, "test")
+    (stream,), _ = load(str(path))
+    proposer, _ = build_proposer(_Replayer(COST).target(stream), SpecConfig(method="ngram"))
+    assert proposer.draft_key([1, 9, 3, 1, 9]) == (2, False, True)

@@ -79,10 +79,10 @@ def test_a_draft_is_sized_by_its_match_length():
     p = SuffixProposer(SuffixOptions(min_prob=0.0, factor=1.0, offset=2))
     ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0, 1]
     p.start(None, ctx, {}, None)
-    assert p.draft_key(ctx) == (depth_class(1), False)
+    assert p.draft_key(ctx) == (depth_class(1), False, False)
     assert p.propose(ctx, 32).tokens == [2, 3, 4]  # match of 1: at most 1 * 1 + 2 drafts
     ctx2 = ctx + [2, 3, 4]
-    assert p.draft_key(ctx2) == (4, False)
+    assert p.draft_key(ctx2) == (4, False, False)
     assert p.propose(ctx2, 32).tokens == [5, 6, 7, 8, 9, 10]  # match of 4: 6 drafts
     assert p.propose(ctx2, 3).tokens == [5, 6, 7]  # and never more than k
 
@@ -97,7 +97,7 @@ def test_the_draft_key_says_whether_earlier_continuations_split():
     split = [5, 6, 7, 1, 5, 6, 8, 2, 5, 6]
     for ctx, is_split in ((once, False), (agree, False), (split, True)):
         p.start(None, ctx, {}, None)
-        assert p.draft_key(ctx) == (2, is_split)
+        assert p.draft_key(ctx) == (2, is_split, False)
 
 
 def test_unsplit_matches_are_expected_to_start_better_than_split_ones():
@@ -108,7 +108,32 @@ def test_unsplit_matches_are_expected_to_start_better_than_split_ones():
 
     policy = AdaptiveK(32, SuffixProposer.profile)
     for depth in (1, 2, 3, 4, 8, 16, 32):
-        assert policy.acceptance.rates((depth, False))[0] > policy.acceptance.rates((depth, True))[0]
+        for line_start in (False, True):
+            unsplit = policy.acceptance.rates((depth, False, line_start))[0]
+            assert unsplit > policy.acceptance.rates((depth, True, line_start))[0]
+
+
+def test_the_draft_key_says_whether_the_drafts_start_a_line():
+    """A copy resumed right after a line break is keyed apart (edits begin
+    at line starts), wherever the break token sits in the vocabulary."""
+    NL = 9
+    p = SuffixProposer(line_breaks=frozenset({NL}))
+    mid_line = [5, 6, 7, 1, 5, 6]
+    line_start = [5, NL, 7, 1, 5, NL]
+    p.start(None, mid_line, {}, None)
+    assert p.draft_key(mid_line) == (2, False, False)
+    p.start(None, line_start, {}, None)
+    assert p.draft_key(line_start) == (2, False, True)
+    assert SuffixProposer().draft_key(line_start) == (2, False, False)  # no line breaks declared
+
+
+def test_an_unsplit_copy_is_expected_to_break_off_more_often_at_a_line_start():
+    from hf2q_py.draft_length import AdaptiveK
+
+    rates = AdaptiveK(32, SuffixProposer.profile).acceptance.rates
+    for depth in (4, 8, 16, 32):
+        assert rates((depth, False, True))[0] < rates((depth, False, False))[0]
+        assert rates((depth, False, True))[1:] == rates((depth, False, False))[1:]
 
 
 def test_no_match_no_drafts():
@@ -135,7 +160,7 @@ def test_memory_drafts_a_retried_answer():
     retry = SuffixProposer(SuffixOptions(min_prob=0.0, factor=1.0, offset=4), memory)
     ctx = [7, 1, 2, 3]  # the same prompt: drafts from its first token
     retry.start(None, ctx, {}, None)
-    assert retry.draft_key(ctx) == (3, False)
+    assert retry.draft_key(ctx) == (3, False, False)
     assert retry.propose(ctx, 16).tokens == answer[:7]  # a match of 3: up to 3 + 4
     ctx = [9, 50]  # another prompt: a match of 1 drafts up to 1 + 4
     retry.start(None, ctx, {}, None)
@@ -256,5 +281,5 @@ def test_a_generation_ending_meanwhile_is_drafted_from_at_once():
     p.start(None, ctx, {}, None)
     assert p.propose(ctx, 4).tokens == [3, 4, 5, 6]
     memory.add([30, 1, 2, 33, 34, 35])  # over 12 tokens: the first entry goes, the automaton is rebuilt
-    assert p.draft_key(ctx) == (2, False)
+    assert p.draft_key(ctx) == (2, False, False)
     assert p.propose(ctx, 4).tokens == [33, 34, 35]

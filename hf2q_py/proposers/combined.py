@@ -100,6 +100,8 @@ def build(target: Target, spec) -> DraftModelProposer | CombinedProposer:
     if not copies:
         return model
     copier = SuffixProposer(
-        SuffixOptions(min_prob=spec.suffix_min_prob), target.memory if spec.memory else None
+        SuffixOptions(min_prob=spec.suffix_min_prob),
+        target.memory if spec.memory else None,
+        target.line_breaks,
     )
     return CombinedProposer(model, copier, spec.draft_suffix_depth, model_k=spec.draft_length)

@@ -144,4 +144,4 @@ def build(target, spec) -> Proposer:
     from .suffix import SuffixOptions, SuffixProposer
 
     options = SuffixOptions(min_prob=spec.suffix_min_prob, min_match=spec.ngram_min)
-    return SuffixProposer(options, target.memory if spec.memory else None)
+    return SuffixProposer(options, target.memory if spec.memory else None, target.line_breaks)

@@ -43,8 +43,10 @@ class RecordedTarget:
         restart: float = 0.0,
         memory: DraftMemory | None = None,
         kept: Kept | None = None,
+        line_breaks: frozenset[int] = frozenset(),
     ):
         self.stream = [*prompt, *answer]
+        self.line_breaks = line_breaks
         self.seconds, self.restart = seconds, restart
         self.memory = memory if memory is not None else DraftMemory()
         self.kept = kept if kept is not None else Kept()

@@ -57,6 +57,7 @@ class Stream:
     prompt: list[int]
     output: list[int]
     session: str | None = None  # streams of one session share a memory, in order
+    line_breaks: list[int] = field(default_factory=list)  # its vocabulary's line-break tokens
 
 
 @dataclass
@@ -149,7 +150,9 @@ class _Replayer:
         if self.cold and first:
             self.kept = Kept()
         memory = self.memories.setdefault(s.session, DraftMemory()) if s.session else DraftMemory()
-        return RecordedTarget(s.prompt, s.output, self.cost, self.cost.restart, memory, self.kept)
+        return RecordedTarget(
+            s.prompt, s.output, self.cost, self.cost.restart, memory, self.kept, frozenset(s.line_breaks)
+        )
 
     def row(self, s: Stream, label: str, stats: GenerationStats) -> ReplayRow:
         plain = replay_stream(s, RecordedTarget(s.prompt, s.output, self.cost, self.cost.restart), None, None)
@@ -189,7 +192,8 @@ class _AcceptedPrefix(Proposer):
     def __init__(self, stream: Stream, memory: DraftMemory, k_max: int):
         from ..proposers.suffix import SuffixOptions, SuffixProposer
 
-        self.inner = SuffixProposer(SuffixOptions(min_prob=0.0, factor=float(k_max), offset=k_max), memory)
+        options = SuffixOptions(min_prob=0.0, factor=float(k_max), offset=k_max)
+        self.inner = SuffixProposer(options, memory, frozenset(stream.line_breaks))
         self.prompt_len, self.answer = len(stream.prompt), stream.output
 
     def start(self, *args) -> None:
@@ -253,7 +257,8 @@ def record_streams(target, workloads, max_tokens: int, log: Callable[[str], None
             name, prompt = requests[j]
             ids = encode_prompt(target, prompt)
             res = generate(target, ids, max_tokens=max_tokens, method="baseline")
-            streams.append(Stream(name, w.kind, ids, res.tokens, w.name if w.then else None))
+            session = w.name if w.then else None
+            streams.append(Stream(name, w.kind, ids, res.tokens, session, sorted(target.line_breaks)))
             log(f"recorded {name}: {len(ids)} + {len(res.tokens)} tokens")
             answers.append(res.text)
             requests = w.requests(answers)
