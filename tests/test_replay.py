@@ -7,9 +7,12 @@ import hf2q_py
 from hf2q_py.errors import Hf2qError
 from hf2q_py.tools.replay import (
     BOUND_LABEL,
+    KEY_BOUND_LABEL,
     CostModel,
     Stream,
     bound,
+    key_bound,
+    key_survival,
     main,
     markdown,
     replay,
@@ -93,6 +96,29 @@ def test_the_bound_drafts_only_what_is_accepted_and_beats_the_policy():
     for opts in ({"method": "ngram"}, {"method": "ngram", "k": 8, "adaptive": False}):
         (row,) = replay([stream], "x", opts, COST)
         assert b.seconds <= row.seconds
+
+
+BLOCK = list(range(200, 230))
+#: A 30-token block copied, a fresh stretch, and the block's start again.
+BLOCK_STREAM = Stream("block", "code", [*BLOCK, 1], [*BLOCK, *range(100, 120), *BLOCK[:10]])
+
+
+def test_key_survival_is_each_keys_measured_acceptance_to_each_depth():
+    survival = key_survival([BLOCK_STREAM], k_max=8)
+    for curve in survival.values():
+        assert all(1.0 >= a >= b >= 0.0 for a, b in zip(curve, curve[1:]))
+    assert survival[(16, False, False)][0] >= 0.9  # deep in the copy the next token is right
+    assert survival[(16, False, False)][-1] < survival[(16, False, False)][0]  # until the copy ends
+
+
+def test_the_key_bound_drafts_what_each_keys_acceptance_pays_and_beats_a_fixed_k():
+    """Knowing every key's acceptance, it drafts the copy long, decodes the
+    fresh stretch plainly, and beats drafting a fixed K everywhere."""
+    (kb,) = key_bound([BLOCK_STREAM], COST)
+    (fixed,) = replay([BLOCK_STREAM], "x", {"method": "ngram", "k": 8, "adaptive": False}, COST)
+    assert kb.method == KEY_BOUND_LABEL
+    assert kb.accepted + kb.rounds == len(BLOCK_STREAM.output)
+    assert kb.accepted >= 30 and kb.seconds < fixed.seconds
 
 
 def test_replay_cuts_answers_to_max_tokens(tmp_path, capsys):

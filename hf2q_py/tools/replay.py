@@ -31,7 +31,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from ..draft_length import FixedK, Policy
 from ..engine import generate_tokens
@@ -190,10 +190,7 @@ class _AcceptedPrefix(Proposer):
     answer accepts: what a perfect draft-length policy over them would draft."""
 
     def __init__(self, stream: Stream, memory: DraftMemory, k_max: int):
-        from ..proposers.suffix import SuffixOptions, SuffixProposer
-
-        options = SuffixOptions(min_prob=0.0, factor=float(k_max), offset=k_max)
-        self.inner = SuffixProposer(options, memory, frozenset(stream.line_breaks))
+        self.inner = _uncut(memory, stream.line_breaks, k_max)
         self.prompt_len, self.answer = len(stream.prompt), stream.output
 
     def start(self, *args) -> None:
@@ -224,6 +221,86 @@ def bound(streams: Sequence[Stream], cost: CostModel, k_max: int = 32) -> list[R
         target = replayer.target(s)
         stats = replay_stream(s, target, _AcceptedPrefix(s, target.memory, k_max), FixedK(k_max))
         rows.append(replayer.row(s, BOUND_LABEL, stats))
+    return rows
+
+
+#: The label of the key bound's rows.
+KEY_BOUND_LABEL = "key bound: best K per draft key, its acceptance known"
+
+
+def _uncut(memory: DraftMemory, line_breaks: Sequence[int], k_max: int) -> Proposer:
+    from ..proposers.suffix import SuffixOptions, SuffixProposer
+
+    options = SuffixOptions(min_prob=0.0, factor=float(k_max), offset=k_max)
+    return SuffixProposer(options, memory, frozenset(line_breaks))
+
+
+def key_survival(streams: Sequence[Stream], k_max: int = 32) -> dict[Hashable, list[float]]:
+    """Per suffix draft key, the fraction of its uncut drafts the answers
+    accept to each depth 1..``k_max``, over every answer position where the
+    proposer matches (sessions share a memory, in order)."""
+    tried: dict[Hashable, list[int]] = {}
+    hits: dict[Hashable, list[int]] = {}
+    memories: dict[str, DraftMemory] = {}
+    for s in streams:
+        memory = memories.setdefault(s.session, DraftMemory()) if s.session else DraftMemory()
+        proposer = _uncut(memory, s.line_breaks, k_max)
+        tokens = list(s.prompt)
+        proposer.start(None, tokens, {}, None)
+        for j, token in enumerate(s.output):
+            key = proposer.draft_key(tokens)
+            drafts = proposer.propose(tokens, k_max).tokens if key != 0 else []
+            accepted = next((i for i, (d, t) in enumerate(zip(drafts, s.output[j:])) if d != t), None)
+            accepted = min(len(drafts), len(s.output) - j) if accepted is None else accepted
+            for i in range(min(accepted + 1, len(drafts))):
+                tried.setdefault(key, [0] * k_max)[i] += 1
+                hits.setdefault(key, [0] * k_max)[i] += i < accepted
+            tokens.append(token)
+        proposer.finish(tokens)
+    survival = {}
+    for key, n in tried.items():
+        p, survival[key] = 1.0, []
+        for t, h in zip(n, hits[key]):
+            p *= h / t if t else 0.0
+            survival[key].append(p)
+    return survival
+
+
+class _KeyTable:
+    """A draft-length policy that knows each key's acceptance (``key_survival``)
+    and the true forward costs: K maximises expected tokens per modelled second."""
+
+    def __init__(self, survival: dict[Hashable, list[float]], cost: CostModel, k_max: int):
+        self.k_max, self.survival, self.cost = k_max, survival, cost
+
+    def next_k(self, key: Hashable = None) -> int:
+        best, best_rate, total = 0, 1.0 / self.cost(1), 1.0
+        for k, p in enumerate(self.survival.get(key, ()), start=1):
+            total += p
+            if total / self.cost(k + 1) > best_rate:
+                best, best_rate = k, total / self.cost(k + 1)
+        return best
+
+    def update(self, r) -> None:
+        pass
+
+    def prefilled(self, tokens: int, seconds: float) -> None:
+        pass
+
+
+def key_bound(streams: Sequence[Stream], cost: CostModel, k_max: int = 32) -> list[ReplayRow]:
+    """Every stream replayed with the suffix proposer's uncut drafts and the
+    best fixed K per draft key, each key's acceptance measured on these same
+    streams (``key_survival``): what a draft-length policy that sees only
+    the draft key could reach here, knowing everything about the keys."""
+    survival = key_survival(streams, k_max)
+    replayer = _Replayer(cost)
+    rows = []
+    for s in streams:
+        target = replayer.target(s)
+        proposer = _uncut(target.memory, s.line_breaks, k_max)
+        stats = replay_stream(s, target, proposer, _KeyTable(survival, cost, k_max))
+        rows.append(replayer.row(s, KEY_BOUND_LABEL, stats))
     return rows
 
 
@@ -386,7 +463,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--bound",
         action="store_true",
-        help="also replay the suffix proposer's drafts cut to what the target accepts (an upper bound)",
+        help="also replay two upper bounds over the suffix proposer's drafts: the best K per draft "
+        "key, each key's acceptance known; drafts cut to what the target accepts",
     )
     ap.add_argument(
         "--cold",
@@ -462,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for m in parse_methods(args.methods):
             rows += replay(streams, m.label, m.options, cost, cold=args.cold)
         if args.bound:
-            rows += bound(streams, cost)
+            rows += key_bound(streams, cost) + bound(streams, cost)
         if args.reference:
             rows += reference(streams, cost)
         print(markdown(rows))
