@@ -7,11 +7,11 @@ import hf2q_py
 from hf2q_py.errors import Hf2qError
 from hf2q_py.tools.replay import (
     BOUND_LABEL,
-    KEY_BOUND_LABEL,
+    KEY_ORACLE_LABEL,
     CostModel,
     Stream,
     bound,
-    key_bound,
+    key_oracle,
     key_survival,
     main,
     markdown,
@@ -111,12 +111,12 @@ def test_key_survival_is_each_keys_measured_acceptance_to_each_depth():
     assert survival[(16, False, False)][-1] < survival[(16, False, False)][0]  # until the copy ends
 
 
-def test_the_key_bound_drafts_what_each_keys_acceptance_pays_and_beats_a_fixed_k():
+def test_the_key_oracle_drafts_what_each_keys_acceptance_pays_and_beats_a_fixed_k():
     """Knowing every key's acceptance, it drafts the copy long, decodes the
     fresh stretch plainly, and beats drafting a fixed K everywhere."""
-    (kb,) = key_bound([BLOCK_STREAM], COST)
+    (kb,) = key_oracle([BLOCK_STREAM], COST)
     (fixed,) = replay([BLOCK_STREAM], "x", {"method": "ngram", "k": 8, "adaptive": False}, COST)
-    assert kb.method == KEY_BOUND_LABEL
+    assert kb.method == KEY_ORACLE_LABEL
     assert kb.accepted + kb.rounds == len(BLOCK_STREAM.output)
     assert kb.accepted >= 30 and kb.seconds < fixed.seconds
 
