@@ -159,7 +159,7 @@ class MeasuredCosts:
         measured = sorted(w for w, c in counts.items() if c and w > 1) if self.timed and t1 else []
         # timings are noisy; no forward costs less than a decode
         points = [(1, 1.0)] + [(w, max(1.0, self.time(w) / t1)) for w in measured]
-        slope, restart = self.slope(), self.restart_cost()
+        slope, restart = self._slope(t1), self.restart_cost()
         out, i = [1.0, 1.0], 0
         for n in range(2, self.k_max + 2):
             while i + 1 < len(points) and points[i + 1][0] <= n:
@@ -179,7 +179,10 @@ class MeasuredCosts:
         """What one more token of a wide forward costs, relative to a plain
         decode: a prefill's seconds per token (prefills of at least
         ``MIN_PREFILL_TOKENS``); None until one is timed."""
-        t1, tm = self.decode_time(), self.timings
+        return self._slope(self.decode_time())
+
+    def _slope(self, t1: float | None) -> float | None:
+        tm = self.timings
         if self.timed and t1 and tm.prefill_tokens:
             return tm.prefill_seconds / tm.prefill_tokens / t1
         return None

@@ -31,6 +31,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 
 from ..draft_length import FixedK, Policy
@@ -38,7 +39,7 @@ from ..engine import generate_tokens
 from ..errors import Hf2qError
 from ..memory import DraftMemory
 from ..proposers.base import Draft, Proposer
-from ..stats import GenerationStats
+from ..stats import GenerationStats, Round
 from ..target import Kept
 from .recorded import RecordedTarget
 
@@ -239,8 +240,8 @@ def key_survival(streams: Sequence[Stream], k_max: int = 32) -> dict[Hashable, l
     """Per suffix draft key, the fraction of its uncut drafts the answers
     accept to each depth 1..``k_max``, over every answer position where the
     proposer matches (sessions share a memory, in order)."""
-    tried: dict[Hashable, list[int]] = {}
-    hits: dict[Hashable, list[int]] = {}
+    tried: dict[Hashable, list[int]] = defaultdict(lambda: [0] * k_max)
+    hits: dict[Hashable, list[int]] = defaultdict(lambda: [0] * k_max)
     memories: dict[str, DraftMemory] = {}
     for s in streams:
         memory = memories.setdefault(s.session, DraftMemory()) if s.session else DraftMemory()
@@ -253,8 +254,8 @@ def key_survival(streams: Sequence[Stream], k_max: int = 32) -> dict[Hashable, l
             accepted = next((i for i, (d, t) in enumerate(zip(drafts, s.output[j:])) if d != t), None)
             accepted = min(len(drafts), len(s.output) - j) if accepted is None else accepted
             for i in range(min(accepted + 1, len(drafts))):
-                tried.setdefault(key, [0] * k_max)[i] += 1
-                hits.setdefault(key, [0] * k_max)[i] += i < accepted
+                tried[key][i] += 1
+                hits[key][i] += i < accepted
             tokens.append(token)
         proposer.finish(tokens)
     survival = {}
@@ -281,7 +282,7 @@ class _KeyTable:
                 best, best_rate = k, total / self.cost(k + 1)
         return best
 
-    def update(self, r) -> None:
+    def update(self, r: Round) -> None:
         pass
 
     def prefilled(self, tokens: int, seconds: float) -> None:
