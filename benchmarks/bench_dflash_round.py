@@ -92,7 +92,7 @@ def main() -> None:
     def round_(p) -> float:
         p.update(ctx, cfg.block_size - 1, 0, p.one)  # as after a verify that accepted no draft
         t0 = time.perf_counter()
-        p.propose(ctx, cfg.block_size - 1)  # returns token ids: evaluated
+        p.propose(ctx, cfg.block_size - 1).ids()  # the drafts read, as a round's read does
         return time.perf_counter() - t0
 
     for p in proposers:  # warm-up

@@ -230,7 +230,7 @@ def judged_rounds(
         active = proposer.active
         key = proposer.draft_key(tokens) if active else None
         k = min(policy.next_k(key), len(out) - i - 1) if active else 0
-        drafts = proposer.propose(tokens, k).tokens[:k] if k > 0 else []
+        drafts = proposer.propose(tokens, k).ids()[:k] if k > 0 else []
         if not drafts:
             t = cost(1) + (cost.restart if verified else 0.0)
             policy.update(Round(cost_seconds=t, restarted=verified))

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from .errors import Hf2qError
 from .methods import SpecConfig
-from .sampling import SamplingConfig
+from .sampling import MAX_TOP_LOGPROBS, SamplingConfig
 from .validate import check_bool, check_int
 
 
@@ -25,6 +25,9 @@ class GenerationConfig:
     plain_first_token: bool = False
     spec: SpecConfig = field(default_factory=SpecConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    #: Keep each generated token's log-probability and this many most likely
+    #: alternatives (0 to ``MAX_TOP_LOGPROBS``); None: none.
+    logprobs: int | None = None
 
     def validate(self) -> None:
         if not isinstance(self.sampling, SamplingConfig):
@@ -39,6 +42,8 @@ class GenerationConfig:
             raise Hf2qError("stop strings must not be empty")
         check_bool("chat_template", self.chat_template)
         check_bool("plain_first_token", self.plain_first_token)
+        if self.logprobs is not None:
+            check_int("logprobs (top alternatives)", self.logprobs, 0, MAX_TOP_LOGPROBS)
         self.spec.validate()
 
 

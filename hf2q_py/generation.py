@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import random
+from collections import deque
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 from collections.abc import Callable, Iterator, Sequence
 
 from .config import GenerationConfig, SpecConfig
 from .distributed import agree_seed
-from .sampling import SamplingConfig, make_decider
-from .engine import generate_tokens
+from .sampling import SamplingConfig, TokenLogprob, make_decider
+from .sequence import Sequence as Generation
 from .errors import Hf2qError, one_line
 from .methods import build_proposer
 from .stats import GenerationStats, Round
@@ -24,11 +25,13 @@ _SAMPLING_FIELDS = {f.name for f in fields(SamplingConfig)}
 
 @dataclass
 class GenerationChunk:
-    """One streamed piece: new ``text`` and the ``tokens`` behind it."""
+    """One streamed piece: new ``text`` and the ``tokens`` behind it, with
+    their log-probabilities when asked for (``logprobs``)."""
 
     text: str
     tokens: list[int]
     stats: GenerationStats
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -129,7 +132,7 @@ def _split_options(options: dict[str, Any]) -> GenerationConfig:
     spec_opts = {k: v for k, v in options.items() if k in _SPEC_FIELDS}
     sampling_opts = {k: v for k, v in options.items() if k in _SAMPLING_FIELDS}
     gen_opts = {k: v for k, v in options.items() if k not in _SPEC_FIELDS | _SAMPLING_FIELDS}
-    unknown = set(gen_opts) - {"max_tokens", "stop", "chat_template", "plain_first_token"}
+    unknown = set(gen_opts) - {"max_tokens", "stop", "chat_template", "plain_first_token", "logprobs"}
     if unknown:
         raise Hf2qError(f"unknown option(s): {', '.join(sorted(unknown))}")
     if isinstance(gen_opts.get("stop"), str):
@@ -174,6 +177,65 @@ def stream_generate(
     return _stream(target, ids, config, stats, on_round)
 
 
+def make_sequence(
+    target: Target,
+    ids: list[int],
+    config: GenerationConfig,
+    stats: GenerationStats,
+    on_round: Callable[[Round], None] | None = None,
+) -> Generation:
+    """The ``Sequence`` of one generation of ``config`` (not started): its
+    proposer, draft-length policy, decider and budget."""
+    sampling = config.sampling
+    seeded = sampling is not None and not sampling.greedy and sampling.seed is not None
+    proposer, policy = build_proposer(target, config.spec, seeded_sampling=seeded)
+    if sampling is not None and not sampling.greedy and sampling.seed is None and target.sharding:
+        # Every rank must draw the same random numbers: rank 0 picks the seed.
+        sampling = replace(sampling, seed=agree_seed(target.sharding, random.getrandbits(62)))
+    return Generation(
+        target, ids, max_tokens=check_context(target, ids, config.max_tokens), proposer=proposer,
+        policy=policy, eos_token_ids=target.eos_token_ids, stats=stats, on_round=on_round,
+        decider=make_decider(sampling), plain_first_token=config.plain_first_token,
+        logprobs=config.logprobs,
+    )  # fmt: skip
+
+
+class Chunker:
+    """One generation's committed tokens as chunks: text through ``StopText``
+    (stop strings), each chunk's log-probabilities aligned with its tokens."""
+
+    def __init__(self, target: Target, config: GenerationConfig, stats: GenerationStats):
+        tok = target.tokenizer
+        self.text = StopText(tok.detokenizer, config.stop) if tok is not None else None
+        self.stats = stats
+        self.keep_logprobs = config.logprobs is not None
+        self.pending: deque[TokenLogprob] = deque()  # log-probabilities of tokens held back
+        self.sent = 0  # tokens given out
+        self.stopped = False  # a stop string ended the text
+
+    def feed(self, new: list[int], logprobs: list[TokenLogprob]) -> GenerationChunk:
+        """The chunk of what ``new`` makes ready (possibly empty)."""
+        self.pending.extend(logprobs)
+        if self.text is None:
+            return self._chunk("", new)
+        piece, tokens, self.stopped = self.text.feed(new)
+        if self.stopped:
+            self.stats.generated_tokens, self.stats.finish_reason = self.sent + len(tokens), "stop"
+        return self._chunk(piece, tokens)
+
+    def finish(self) -> GenerationChunk | None:
+        """What is left once generation ended without a stop string."""
+        if self.text is None:
+            return None
+        piece, tokens = self.text.finish()
+        return self._chunk(piece, tokens) if piece or tokens else None
+
+    def _chunk(self, piece: str, tokens: list[int]) -> GenerationChunk:
+        self.sent += len(tokens)
+        lps = [self.pending.popleft() for _ in tokens] if self.keep_logprobs else None
+        return GenerationChunk(piece, tokens, self.stats, lps)
+
+
 def _stream(
     target: Target,
     ids: list[int],
@@ -181,45 +243,29 @@ def _stream(
     stats: GenerationStats,
     on_round: Callable[[Round], None] | None,
 ) -> Iterator[GenerationChunk]:
-    sampling = config.sampling
-    seeded = sampling is not None and not sampling.greedy and sampling.seed is not None
-    proposer, policy = build_proposer(target, config.spec, seeded_sampling=seeded)
-    if sampling is not None and not sampling.greedy and sampling.seed is None and target.sharding:
-        # Every rank must draw the same random numbers: rank 0 picks the seed.
-        sampling = replace(sampling, seed=agree_seed(target.sharding, random.getrandbits(62)))
-    tok = target.tokenizer
-    text = StopText(tok.detokenizer, config.stop) if tok is not None else None
-    rounds = generate_tokens(
-        target,
-        ids,
-        max_tokens=check_context(target, ids, config.max_tokens),
-        proposer=proposer,
-        policy=policy,
-        eos_token_ids=target.eos_token_ids,
-        stats=stats,
-        on_round=on_round,
-        decider=make_decider(sampling),
-        plain_first_token=config.plain_first_token,
-    )
-    sent = 0  # tokens yielded
+    seq = make_sequence(target, ids, config, stats, on_round)
+    chunker = Chunker(target, config, stats)
+    whole = False
+    seq.start()
     try:
-        for new in rounds:
-            if text is None:
-                yield GenerationChunk("", new, stats)
+        while not seq.done:
+            new = seq.step()
+            if not new:
                 continue
-            piece, tokens, stopped = text.feed(new)
-            sent += len(tokens)
-            if stopped:
-                stats.generated_tokens, stats.finish_reason = sent, "stop"
-            yield GenerationChunk(piece, tokens, stats)
-            if stopped:
-                return
-        if text is not None:
-            piece, tokens = text.finish()
-            if piece or tokens:
-                yield GenerationChunk(piece, tokens, stats)
+            chunk = chunker.feed(new, seq.logprobs)
+            try:
+                yield chunk
+            except GeneratorExit:  # closed between rounds: the caches are whole
+                whole = True
+                raise
+            if chunker.stopped:
+                break
+        whole = True
+        last = chunker.finish() if not chunker.stopped else None
+        if last is not None:
+            yield last
     finally:
-        rounds.close()
+        seq.close(keep=whole)
 
 
 class StopText:
@@ -230,7 +276,9 @@ class StopText:
     are ready: whole tokens that no stop string can still reach (with no stop
     strings, all of them). Once a stop string appears, the text and the
     tokens end before the token in which it begins (that token's text before
-    the stop string is dropped with it), and nothing more comes.
+    the stop string is dropped with it), and nothing more comes. Only text
+    not yet given out is held, so a round costs the same however long the
+    text before it.
     """
 
     def __init__(self, detokenizer: Any, stops: Sequence[str] = ()):
@@ -238,34 +286,39 @@ class StopText:
         self.detok.reset()
         self.stops = tuple(stops)
         self.hold = max((len(s) for s in self.stops), default=1) - 1  # characters a stop may still claim
-        self.text = ""
+        self.text = ""  # the text from character ``sent`` on
         self.sent = 0  # characters given out
         self.pending: list[tuple[int, int]] = []  # (token, where its text ends) not given out
+
+    @property
+    def end(self) -> int:
+        """Characters decoded so far."""
+        return self.sent + len(self.text)
 
     def feed(self, tokens: Sequence[int]) -> tuple[str, list[int], bool]:
         """The text and tokens now ready, and whether a stop string ended them."""
         for t in tokens:
             self.detok.add_token(t)
             self.text += self.detok.last_segment
-            self.pending.append((t, len(self.text)))
+            self.pending.append((t, self.end))
             stop_at = self._find_stop()
             if stop_at is not None:
                 return (*self._take(stop_at), True)
-        return (*self._take(len(self.text) - self.hold), False)
+        return (*self._take(self.end - self.hold), False)
 
     def finish(self) -> tuple[str, list[int]]:
         """What is left once generation ended without a stop string."""
         self.detok.finalize()
         self.text += self.detok.last_segment
-        piece, tokens = self.text[self.sent :], [t for t, _ in self.pending]
-        self.sent, self.pending = len(self.text), []
+        piece, tokens = self.text, [t for t, _ in self.pending]
+        self.sent, self.text, self.pending = self.end, "", []
         return piece, tokens
 
     def _find_stop(self) -> int | None:
         """Where the first stop string begins (stop strings end in new text:
         they begin at or after what was given out)."""
-        hits = [i for i in (self.text.find(s, self.sent) for s in self.stops) if i >= 0]
-        return min(hits) if hits else None
+        hits = [i for i in (self.text.find(s) for s in self.stops) if i >= 0]
+        return self.sent + min(hits) if hits else None
 
     def _take(self, limit: int) -> tuple[str, list[int]]:
         """The pending tokens whose text ends by ``limit``, and that text."""
@@ -273,8 +326,9 @@ class StopText:
         while n < len(self.pending) and self.pending[n][1] <= limit:
             n += 1
         ready, self.pending = self.pending[:n], self.pending[n:]
-        end = ready[-1][1] if ready else self.sent
-        piece, self.sent = self.text[self.sent : end], end
+        cut = ready[-1][1] - self.sent if ready else 0
+        piece, self.text = self.text[:cut], self.text[cut:]
+        self.sent += cut
         return piece, [t for t, _ in ready]
 
 
@@ -308,3 +362,4 @@ def generate(
         tokens.extend(chunk.tokens)
         text.append(chunk.text)
     return GenerationResult(tokens, "".join(text), ids, stats)
+

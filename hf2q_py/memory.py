@@ -25,6 +25,8 @@ class DraftMemory:
     window = 256
     #: Prompt tokens kept before each generation (they lead into it).
     lead = 32
+    #: Eviction frees room down to this share of each bound.
+    EVICT_TO = 0.75
 
     def __init__(self, max_tokens: int = 32768, max_entries: int = 64):
         if max_tokens < 1 or max_entries < 1:
@@ -75,13 +77,8 @@ class DraftMemory:
         eid = self._next_id
         self._next_id += 1
         evicted = False
-        while self.entries and (
-            self.tokens + len(toks) > self.max_tokens or len(self.entries) >= self.max_entries
-        ):
-            _, old = self.entries.popitem(last=False)
-            del self._ids[old]
-            self.tokens -= len(old)
-            evicted = True
+        if self.tokens + len(toks) > self.max_tokens or len(self.entries) >= self.max_entries:
+            evicted = self._evict(len(toks))
         self.entries[eid] = toks
         self._ids[toks] = eid
         self.tokens += len(toks)
@@ -90,6 +87,21 @@ class DraftMemory:
         else:
             self._append(eid, toks)
             self.version += 1
+
+    def _evict(self, incoming: int) -> bool:
+        """Forget the least recently used generations until ``incoming`` more
+        tokens and one more entry fit within ``EVICT_TO`` of each bound, so
+        the automaton is rebuilt once per many additions (a rebuild walks
+        every token held) rather than on every one."""
+        tokens_to = max(0, int(self.max_tokens * self.EVICT_TO) - incoming)
+        entries_to = max(0, int(self.max_entries * self.EVICT_TO) - 1)
+        evicted = False
+        while self.entries and (self.tokens > tokens_to or len(self.entries) > entries_to):
+            _, old = self.entries.popitem(last=False)
+            del self._ids[old]
+            self.tokens -= len(old)
+            evicted = True
+        return evicted
 
     def touch(self, position: int) -> None:
         """Mark the entry holding SAM ``position`` (a 1-based end) as used."""

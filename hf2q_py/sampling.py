@@ -28,7 +28,7 @@ emits.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from collections.abc import Sequence
 
 import mlx.core as mx
@@ -105,6 +105,95 @@ def filtered_probs(logits: mx.array, cfg: SamplingConfig) -> mx.array:
     return p / p.sum(axis=-1, keepdims=True)
 
 
+@dataclass
+class Verdict:
+    """A verify round's outcome, lazy until the round's one read: ``values``
+    holds the target's tokens for the ``k + 1`` positions (greedy), or which
+    of the ``k`` drafts passed followed by the ``k + 1`` chosen tokens
+    (sampling)."""
+
+    values: mx.array
+    k: int
+    sampled: bool = False
+
+    def resolve(self, host: Sequence[int], drafts: Sequence[int]) -> tuple[int, int]:
+        """(accepted drafts, next token) from the read ``values``."""
+        k = self.k
+        if self.sampled:
+            ok, choices = host[:k], host[k:]
+            n = 0
+            while n < k and ok[n]:
+                n += 1
+            return n, int(choices[n])
+        n = 0
+        while n < k and drafts[n] == host[n]:
+            n += 1
+        return n, int(host[n])
+
+    def chosen(self, drafts: mx.array) -> mx.array:
+        """Per position, the token emitted there if the drafts before it
+        were accepted and it was not (lazy): the target's own choice."""
+        return self.values[self.k :] if self.sampled else self.values
+
+
+#: The most alternatives ``top_logprobs`` may ask for per token (OpenAI's limit).
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass
+class TokenLogprob:
+    """A generated token's log-probability under the target's own
+    distribution (the model's logits, before any processor, mask or
+    temperature) and the ``top`` most likely tokens there, best first."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+def logprob_block(logits: mx.array, drafts: mx.array, chosen: mx.array, top: int) -> mx.array:
+    """What ``TokenLogprob`` needs for the rows of one forward, lazily, as one
+    float32 vector: the log-probability of each draft at its row, of each
+    row's chosen token, then each row's ``top`` token ids and their
+    log-probabilities (:func:`read_logprobs` takes it apart)."""
+    x = logits.astype(mx.float32)
+    lp = x - mx.logsumexp(x, axis=-1, keepdims=True)
+    k = drafts.shape[0]
+    parts = [
+        mx.take_along_axis(lp[:k], drafts.astype(mx.uint32)[:, None], axis=-1)[:, 0],
+        mx.take_along_axis(lp, chosen.astype(mx.uint32)[:, None], axis=-1)[:, 0],
+    ]
+    if top:
+        ids = mx.argpartition(-lp, top - 1, axis=-1)[:, :top]
+        vals = mx.take_along_axis(lp, ids, axis=-1)
+        order = mx.argsort(-vals, axis=-1)
+        parts += [mx.take_along_axis(ids, order, axis=-1).astype(mx.float32).reshape(-1),
+                  mx.take_along_axis(vals, order, axis=-1).reshape(-1)]  # fmt: skip
+    return mx.concatenate(parts)
+
+
+def read_logprobs(host: Sequence[float], k: int, top: int, emitted: Sequence[int]) -> list[TokenLogprob]:
+    """The ``TokenLogprob`` of each emitted token (the first ``len(emitted) - 1``
+    are accepted drafts, the last the chosen token) from a read
+    :func:`logprob_block` of ``k`` drafts."""
+    rows = k + 1
+    lp_draft, lp_chosen = host[:k], host[k : k + rows]
+    ids, vals = host[k + rows : k + rows + rows * top], host[k + rows + rows * top :]
+    out = []
+    for j, token in enumerate(emitted):
+        lp = lp_draft[j] if j < len(emitted) - 1 else lp_chosen[j]
+        alts = [(int(ids[j * top + i]), float(vals[j * top + i])) for i in range(top)]
+        out.append(TokenLogprob(int(token), float(lp), alts))
+    return out
+
+
+def masked(logits: mx.array, mask: mx.array | None) -> mx.array:
+    """``logits`` with the tokens ``mask`` forbids (False) at -inf."""
+    if mask is None:
+        return logits
+    return mx.where(mask, logits, mx.array(-mx.inf, dtype=logits.dtype))
+
+
 class Greedy:
     """Temperature 0: argmax after the logits processors."""
 
@@ -116,25 +205,31 @@ class Greedy:
         """True when a token choice depends on the tokens before it (penalty)."""
         return self.cfg.repetition_penalty != 1.0
 
-    def next_token(self, logits: mx.array, context: Sequence[int], ahead: int = 0) -> mx.array:
+    def next_token(
+        self, logits: mx.array, context: Sequence[int], ahead: int = 0, mask: mx.array | None = None
+    ) -> mx.array:
         """Token ``ahead`` positions after ``context`` (whose tokens in between
-        are still in flight) from a (vocab,) logits row (lazy)."""
+        are still in flight) from a (vocab,) logits row (lazy); ``mask``
+        (vocab,) forbids tokens (structured output)."""
         if self.cfg.repetition_penalty != 1.0:
             logits = apply_penalty(logits[None], [context], self.cfg)[0]
-        return mx.argmax(logits, axis=-1)
+        return mx.argmax(masked(logits, mask), axis=-1)
 
-    def verify(
-        self, logits: mx.array, context: Sequence[int], drafts: Sequence[int], q: mx.array | None
-    ) -> tuple[int, int]:
-        """(accepted drafts, next token) for rows ``logits`` of ``[last, *drafts]``."""
+    def judge(
+        self,
+        logits: mx.array,
+        context: Sequence[int],
+        drafts: Sequence[int] | mx.array,
+        q: mx.array | None,
+        mask: mx.array | None = None,
+    ) -> Verdict:
+        """The lazy verdict on ``drafts`` from the rows ``logits`` of
+        ``[last, *drafts]``; ``mask`` (k + 1, vocab) forbids tokens per row.
+        ``drafts`` may be a lazy array, except under a repetition penalty."""
         if self.cfg.repetition_penalty != 1.0:
-            ctx = list(context)
-            logits = apply_penalty(logits, [ctx + list(drafts[:i]) for i in range(len(drafts) + 1)], self.cfg)
-        targets = mx.argmax(logits, axis=-1).tolist()
-        n = 0
-        while n < len(drafts) and drafts[n] == targets[n]:
-            n += 1
-        return n, targets[n]
+            ctx, d = list(context), list(drafts)
+            logits = apply_penalty(logits, [ctx + d[:i] for i in range(len(d) + 1)], self.cfg)
+        return Verdict(mx.argmax(masked(logits, mask), axis=-1), logits.shape[0] - 1)
 
     def draft_token(
         self, logits: mx.array, context: Sequence[int], ahead: int = 0
@@ -168,8 +263,10 @@ class Sampler(Greedy):
         """The random key for ``purpose`` at sequence ``position``."""
         return mx.random.key(_mix(self.seed, position, purpose))
 
-    def probs(self, logits: mx.array, contexts: Sequence[Sequence[int]]) -> mx.array:
-        return filtered_probs(apply_penalty(logits, contexts, self.cfg), self.cfg)
+    def probs(
+        self, logits: mx.array, contexts: Sequence[Sequence[int]], mask: mx.array | None = None
+    ) -> mx.array:
+        return filtered_probs(masked(apply_penalty(logits, contexts, self.cfg), mask), self.cfg)
 
     def draw(self, p: mx.array, position: int, purpose: int = _SAMPLE) -> mx.array:
         """Gumbel-max samples from the rows of ``p``, row i keyed at ``position + i``."""
@@ -179,8 +276,11 @@ class Sampler(Greedy):
         ]
         return mx.argmax(mx.log(p) + mx.stack(noise), axis=-1)
 
-    def next_token(self, logits: mx.array, context: Sequence[int], ahead: int = 0) -> mx.array:
-        return self.draw(self.probs(logits[None], [context]), len(context) + ahead)[0]
+    def next_token(
+        self, logits: mx.array, context: Sequence[int], ahead: int = 0, mask: mx.array | None = None
+    ) -> mx.array:
+        p = self.probs(logits[None], [context], None if mask is None else mask[None])
+        return self.draw(p, len(context) + ahead)[0]
 
     def draft_token(
         self, logits: mx.array, context: Sequence[int], ahead: int = 0
@@ -192,33 +292,39 @@ class Sampler(Greedy):
         """Which drafts pass the test u < p(d) / q(d) (a hook tests can break)."""
         return u * q_draft < p_draft
 
-    def verify(
-        self, logits: mx.array, context: Sequence[int], drafts: Sequence[int], q: mx.array | None
-    ) -> tuple[int, int]:
-        k, pos = len(drafts), len(context)
-        ctx = list(context)
-        p = self.probs(logits, [ctx + list(drafts[:i]) for i in range(k + 1)])  # (k+1, V)
+    def judge(
+        self,
+        logits: mx.array,
+        context: Sequence[int],
+        drafts: Sequence[int] | mx.array,
+        q: mx.array | None,
+        mask: mx.array | None = None,
+    ) -> Verdict:
+        k, pos = logits.shape[0] - 1, len(context)
+        if self.cfg.repetition_penalty != 1.0:
+            ctx, d = list(context), list(drafts)
+            contexts = [ctx + d[:i] for i in range(k + 1)]
+        else:
+            contexts = [()] * (k + 1)
+        p = self.probs(logits, contexts, mask)  # (k+1, V)
         own = self.draw(p, pos)  # the target's own sample at every position
+        d = drafts if isinstance(drafts, mx.array) else mx.array(list(drafts), dtype=mx.uint32)
         if q is None:  # point masses: accept a draft exactly when it is the target's sample
-            ok = mx.array(list(drafts), dtype=own.dtype) == own[:k]
+            ok = d.astype(own.dtype) == own[:k]
             choices = own
         else:
             if q.shape[-1] < p.shape[-1]:  # a draft vocabulary may be smaller
                 q = mx.pad(q, [(0, 0), (0, p.shape[-1] - q.shape[-1])])
-            d = mx.array(list(drafts), dtype=mx.uint32)[:, None]
-            p_d = mx.take_along_axis(p[:k], d, axis=-1)[:, 0]
-            q_d = mx.take_along_axis(q, d, axis=-1)[:, 0]
+            p_d = mx.take_along_axis(p[:k], d.astype(mx.uint32)[:, None], axis=-1)[:, 0]
+            q_d = mx.take_along_axis(q, d.astype(mx.uint32)[:, None], axis=-1)[:, 0]
             u = mx.stack([mx.random.uniform(shape=(), key=self.key(pos + i, _ACCEPT)) for i in range(k)])
             ok = self.accept(p_d, q_d, u)
             resid = mx.maximum(p[:k] - q, 0.0)
             mass = resid.sum(axis=-1, keepdims=True)
             resid = mx.where(mass > 0, resid / mx.maximum(mass, 1e-30), p[:k])
             choices = mx.concatenate([self.draw(resid, pos, _RESIDUAL), own[k:]])  # bonus: own sample
-        ok_list, choice_list = ok.tolist(), choices.tolist()
-        n = 0
-        while n < k and ok_list[n]:
-            n += 1
-        return n, choice_list[n]
+        values = mx.concatenate([ok.astype(mx.uint32), choices.astype(mx.uint32)]) if k else choices
+        return Verdict(values.astype(mx.uint32), k, sampled=True)
 
 
 def make_decider(cfg: SamplingConfig | None) -> Greedy:

@@ -294,10 +294,10 @@ class Runtime:
         """Batched forward of ``[last, d1..dK]``: (K+1, vocab) logits, one per position."""
         return self.forward(tokens, logits="all", **kw)
 
-    def wait(self, result: mx.array) -> None:
-        """Block until ``result``, the output of the oldest forward not yet
-        waited for, is computed."""
-        mx.eval(result)
+    def read(self, result: mx.array) -> list:
+        """Block until ``result``, computed from the oldest forward not yet
+        read, is computed, and return its values (a round's one read)."""
+        return result.tolist()
 
     def trim(self, n: int, skip_layers: Sequence[int] = ()) -> None:
         """Drop the last ``n`` positions from the cache (exact on every layer

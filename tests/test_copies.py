@@ -73,7 +73,7 @@ def test_a_shallow_match_drafts_with_the_model_after_one_catch_up():
     assert proposer.model.cached[: len(prompt)] == prompt  # the whole context, read once, lazily
     plain = DraftModelProposer(draft)
     plain.start(None, prompt, {}, Greedy())
-    assert plain.propose(prompt, 3).tokens == got.tokens
+    assert plain.propose(prompt, 3).ids() == got.ids()
 
 
 def test_the_copy_option_builds_a_combined_proposer_with_a_larger_cap():

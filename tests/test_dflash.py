@@ -120,7 +120,7 @@ class OracleDFlash(DFlashProposer):
 
     def propose(self, tokens, k):
         self.check(tokens)
-        drafts = super().propose(tokens, k).tokens
+        drafts = super().propose(tokens, k).ids()
         n = len(tokens)
         right = self.truth[n : n + self.good]
         return Draft((right + drafts[len(right) :])[: len(drafts)])

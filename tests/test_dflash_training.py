@@ -276,7 +276,7 @@ def test_held_out_acceptance_counts_leading_matches():
     fwd = rt.prefill(prefix[:-1], logits="none", capture_layers=ids)
     proposer = DFlashProposer(target, drafter)
     proposer.start(rt, prefix, fwd.hidden, Greedy())
-    drafts = proposer.propose(prefix, 4).tokens
+    drafts = proposer.propose(prefix, 4).ids()
     head = TargetHead(target)
     for m in range(5):
         wrong = [(d + 1) % 128 for d in drafts]

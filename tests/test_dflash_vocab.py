@@ -28,7 +28,7 @@ class Recording(DFlashProposer):
 
     def propose(self, tokens, k):
         d = super().propose(tokens, k)
-        self.drafted += d.tokens
+        self.drafted += d.ids()
         return d
 
 

@@ -188,7 +188,7 @@ def test_a_draft_model_reports_the_tokens_it_caught_up_on():
     proposer.start(None, prompt, {}, Greedy())
     first = proposer.propose(prompt, 3)
     assert first.catch_up == len(prompt)  # the lazy prefill
-    after = prompt + first.tokens + [7]  # every draft accepted, then the bonus token
+    after = prompt + first.ids() + [7]  # every draft accepted, then the bonus token
     assert proposer.propose(after, 3).catch_up == 2  # the last draft (never fed) and the bonus token
 
 

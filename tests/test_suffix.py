@@ -176,14 +176,14 @@ def test_memory_drafts_a_retried_answer():
     assert retry.propose([9, 50], 8).tokens == []
 
 
-def test_memory_is_bounded_and_least_recently_used():
+def test_memory_is_bounded_and_least_recently_used_evicting_in_bulk():
     memory = DraftMemory(max_tokens=10, max_entries=3)
     memory.add([1, 2, 3, 4])
     memory.add([5, 6, 7, 8])
     memory.add([1, 2, 3, 4])  # held already: now the most recent
-    memory.add([9, 10, 11, 12])  # 12 tokens > 10: the least recent goes
-    assert list(memory.entries.values()) == [(1, 2, 3, 4), (9, 10, 11, 12)]
-    assert len(memory) == 8
+    memory.add([9, 10, 11, 12])  # 12 tokens > 10: the least recent go, down to 3/4 of the bound
+    assert list(memory.entries.values()) == [(9, 10, 11, 12)]
+    assert len(memory) == 4
     memory.add([20, 21])
     memory.add([22])  # a fourth entry: over max_entries
     assert (1, 2, 3, 4) not in memory.entries.values()

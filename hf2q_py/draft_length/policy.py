@@ -35,6 +35,10 @@ class Policy(Protocol):
         """Learn from the prompt's prefill: ``tokens`` fed in ``seconds``."""
         ...
 
+    def observe(self, drafted: int, accepted: int, key: Hashable = None) -> None:
+        """Learn acceptance alone (a round whose cost another planner learns)."""
+        ...
+
 
 class NoDrafts:
     """Plain decoding: K is always 0."""
@@ -48,6 +52,9 @@ class NoDrafts:
         pass
 
     def prefilled(self, tokens: int, seconds: float) -> None:
+        pass
+
+    def observe(self, drafted: int, accepted: int, key: Hashable = None) -> None:
         pass
 
 
@@ -65,4 +72,7 @@ class FixedK:
         pass
 
     def prefilled(self, tokens: int, seconds: float) -> None:
+        pass
+
+    def observe(self, drafted: int, accepted: int, key: Hashable = None) -> None:
         pass

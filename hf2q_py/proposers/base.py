@@ -14,20 +14,37 @@ if TYPE_CHECKING:
 
 @dataclass
 class Draft:
-    """Draft tokens for one round. ``probs``: the (len(tokens), vocab)
+    """Draft tokens for one round: token ids, or a lazy (k,) array of them
+    (drafts from a model: the engine feeds them to the verify unread and
+    reads them with its result). ``probs``: the (len(tokens), vocab)
     distributions they were drawn from, or None for point masses (argmax
     drafts, n-gram copies). ``catch_up``: committed tokens the proposer read
     before drafting them (a draft model feeding what it has not seen)."""
 
-    tokens: list[int] = field(default_factory=list)
+    tokens: list[int] | mx.array = field(default_factory=list)
     probs: mx.array | None = None
     catch_up: int = 0
+    #: Lazy tokens' ids once the engine has read them with their verify.
+    values: list[int] | None = None
 
     def __len__(self) -> int:
-        return len(self.tokens)
+        return self.tokens.shape[0] if self.lazy else len(self.tokens)
+
+    @property
+    def lazy(self) -> bool:
+        """Whether the tokens are a lazy array, not yet read."""
+        return not isinstance(self.tokens, list)
+
+    def ids(self) -> list[int]:
+        """The token ids (lazy tokens are read, unless the engine already did)."""
+        if not self.lazy:
+            return list(self.tokens)
+        return list(self.values) if self.values is not None else self.tokens.tolist()
 
     def head(self, k: int) -> Draft:
-        """The first ``k`` drafts."""
+        """The first ``k`` drafts (this draft itself when it has no more)."""
+        if k >= len(self):
+            return self
         return Draft(self.tokens[:k], None if self.probs is None else self.probs[:k], self.catch_up)
 
     def tail(self) -> Draft:
@@ -53,6 +70,10 @@ class Proposer:
     #: True when drafting runs on the target's own KV cache (layer skip): the
     #: engine then never proposes while a target decode is in flight.
     uses_target_cache = False
+    #: True when drafts are lazy arrays from a model (``Draft.lazy``): the engine
+    #: then never drafts while a target decode is in flight (judging such
+    #: drafts against the decode's token would cost a read).
+    lazy_drafts = False
     #: What the proposer knows about its drafts (priors per draft key, drafting
     #: cost, minimum K): the draft-length policy is made from it.
     profile = DraftProfile()

@@ -49,6 +49,10 @@ class CombinedProposer(Proposer):
         copies = self.copier.profile.rekeyed(lambda key: ("copy", key))
         return replace(model.merged(copies), min_k=COPY_K)
 
+    @property
+    def lazy_drafts(self) -> bool:
+        return self.model.lazy_drafts
+
     def start(self, runtime, prompt: Sequence[int], hidden, decider) -> None:
         self.copier.start(runtime, prompt, hidden, decider)
         self.model.start(runtime, prompt, hidden, decider)

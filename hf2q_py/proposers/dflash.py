@@ -45,6 +45,7 @@ class DFlashProposer(Proposer):
     """
 
     name = "dflash"
+    lazy_drafts = True
 
     def __init__(self, target: Target, drafter: Drafter):
         self.drafter = drafter
@@ -80,14 +81,14 @@ class DFlashProposer(Proposer):
         logits = self.head.draft_logits(h[0, 1 : n + 1])
         if self.vocab is not None:
             if self.decider.cfg.greedy and not self.decider.needs_context:  # argmax within the subset
-                return Draft(self.vocab.ids[mx.argmax(logits, axis=-1)].tolist())
+                return Draft(self.vocab.ids[mx.argmax(logits, axis=-1)])
             logits = self.vocab.to_full(logits)  # -inf outside the subset: q is zero there
         steps, dists = [], []
         for i in range(n):
             y, q = self.decider.draft_token(logits[i], tokens, i)
             steps.append(y)
             dists.append(q)
-        return Draft(mx.stack(steps).tolist(), mx.stack(dists) if dists[0] is not None else None)
+        return Draft(mx.stack(steps), mx.stack(dists) if dists[0] is not None else None)
 
     def update(self, tokens, drafted: int, accepted: int, hidden: dict[int, mx.array]) -> None:
         self._add(hidden, accepted + 1)

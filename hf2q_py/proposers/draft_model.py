@@ -94,6 +94,7 @@ class DraftModelProposer(Proposer):
         self.cached: list[int] = []  # tokens whose K/V are in the draft's cache
         self.synced = 0  # cached[:synced] are known to be committed tokens
         self.confidence: list[float] = []  # the latest draft's top probability per token (when gated)
+        self.unread: tuple[Draft, int] | None = None  # lazy drafts fed to the cache, and how many
 
     @property
     def profile(self) -> DraftProfile:
@@ -117,6 +118,7 @@ class DraftModelProposer(Proposer):
         self.decider = decider
         self.rt = self.draft.runtime()
         self.cached = []
+        self.unread = None
         if len(prompt) > 1 and not self.lazy_prefill:
             self.rt.prefill(self._embeddable(prompt[:-1]), logits="none")
             self.cached = list(prompt[:-1])
@@ -135,6 +137,11 @@ class DraftModelProposer(Proposer):
     def _sync(self, tokens: Sequence[int]) -> list[int]:
         """Trim the draft cache to its longest prefix of ``tokens`` (leaving at
         least one token to feed); return the tokens still to feed."""
+        if self.unread is not None:  # lazy drafts fed last time, by now read by the engine
+            draft, fed = self.unread
+            self.unread = None
+            values = draft.values if draft.values is not None else draft.tokens.tolist()
+            self.cached.extend(values[:fed])
         # cached[:synced] are committed tokens (history never changes); past
         # that the cache holds drafts, valid only as far as they were accepted
         n, limit = self.synced, min(len(self.cached), len(tokens) - 1)
@@ -155,11 +162,42 @@ class DraftModelProposer(Proposer):
             feed = feed[-1:]
         return self.rt.forward(feed, logits="last").logits[-1]
 
+    @property
+    def lazy_drafts(self) -> bool:
+        """Drafts stay lazy (no read before their verify) unless a confidence
+        rule needs each step's probability read to end a draft early."""
+        return not (self.p_min > 0 or self.min_prob > 0)
+
     def propose(self, tokens: Sequence[int], k: int) -> Draft:
         feed = self._sync(tokens)
         logits = self._catch_up(feed)
         self.cached.extend(feed)
-        gated = self.p_min > 0 or self.min_prob > 0
+        if self.lazy_drafts:
+            return self._lazy(tokens, k, logits, len(feed))
+        return self._gated(tokens, k, logits, len(feed))
+
+    def _lazy(self, tokens: Sequence[int], k: int, logits: mx.array, fed: int) -> Draft:
+        """``k`` drafts queued step after step without a read; the draft cache
+        keeps the ``k - 1`` fed ones, matched against the committed tokens
+        once the engine has read them (``Draft.values``)."""
+        steps: list[mx.array] = []
+        dists: list[mx.array | None] = []
+        for i in range(k):
+            y, q = self.decider.draft_token(logits, tokens, i)
+            steps.append(y)
+            dists.append(q)
+            mx.async_eval(y)
+            if i + 1 < k:
+                logits = self.rt.decode(y).logits[-1]
+        self.confidence = []
+        draft = Draft(mx.stack(steps), mx.stack(dists) if dists[0] is not None else None, catch_up=fed)
+        self.unread = (draft, k - 1)
+        return draft
+
+    def _gated(self, tokens: Sequence[int], k: int, logits: mx.array, fed: int) -> Draft:
+        """Drafts that end where the draft model's confidence falls (``p_min``,
+        ``min_prob``): each step's confidence is read after the next step is
+        built, before it runs, so a draft can end there at no extra step."""
         steps: list[mx.array] = []
         dists: list[mx.array | None] = []
         top: list[mx.array] = []  # the draft model's top probability at each step
@@ -169,32 +207,29 @@ class DraftModelProposer(Proposer):
             y, q = self.decider.draft_token(logits, tokens, i)
             steps.append(y)
             dists.append(q)
-            if gated:
-                probs = q if q is not None else mx.softmax(logits.astype(mx.float32), axis=-1)
-                top.append(probs.max())
-                own.append(probs[y])
-                # the step before is computed (or computing): read its confidence
-                # before this step runs, so a draft can end there at no cost
-                if i > 0:
-                    if top[i - 1].item() < self.p_min:
-                        n = i - 1
-                        break
-                    whole *= own[i - 1].item()
-                    if whole < self.min_prob:
-                        n = i
-                        break
-            mx.async_eval(y, *top[-1:], *own[-1:])
+            probs = q if q is not None else mx.softmax(logits.astype(mx.float32), axis=-1)
+            top.append(probs.max())
+            own.append(probs[y])
+            if i > 0:
+                if top[i - 1].item() < self.p_min:
+                    n = i - 1
+                    break
+                whole *= own[i - 1].item()
+                if whole < self.min_prob:
+                    n = i
+                    break
+            mx.async_eval(y, top[-1], own[-1])
             if i + 1 < k:
                 logits = self.rt.decode(y).logits[-1]
         else:
-            if gated and top[-1].item() < self.p_min:
+            if top[-1].item() < self.p_min:
                 n = k - 1
-        self.confidence = [c.item() for c in top[:n]] if gated else []
+        self.confidence = [c.item() for c in top[:n]]
         drafts = mx.stack(steps[:n]).tolist() if n else []
         probs = mx.stack(dists[:n]) if n and dists[0] is not None else None
         # keep in the draft cache only the drafts that were fed and are returned
-        fed = self.rt.offset - len(self.cached)
-        keep = min(fed, n)
-        self.rt.trim(fed - keep)
+        fed_drafts = self.rt.offset - len(self.cached)
+        keep = min(fed_drafts, n)
+        self.rt.trim(fed_drafts - keep)
         self.cached.extend(drafts[:keep])
-        return Draft(drafts, probs, catch_up=len(feed))
+        return Draft(drafts, probs, catch_up=fed)

@@ -133,6 +133,7 @@ class LayerSkipProposer(Proposer):
 
     name = "layerskip"
     uses_target_cache = True
+    lazy_drafts = True
 
     def __init__(
         self,
@@ -254,7 +255,7 @@ class LayerSkipProposer(Proposer):
             steps.append(y)
             dists.append(q)
             mx.async_eval(y)
-        draft = Draft(mx.stack(steps).tolist(), mx.stack(dists) if dists[0] is not None else None)
+        draft = Draft(mx.stack(steps), mx.stack(dists) if dists[0] is not None else None)
         self.rt.trim(k, self.skip)  # remove every draft position before verification
         return draft
 
