@@ -363,3 +363,64 @@ def generate(
         text.append(chunk.text)
     return GenerationResult(tokens, "".join(text), ids, stats)
 
+
+def batch_generate(
+    target: Target,
+    prompts: Sequence[str | Sequence[int]],
+    *,
+    max_tokens: int = 256,
+    method: str = "ngram",
+    max_batch: int = 8,
+    on_round: Callable[[Round], None] | None = None,
+    configs: Sequence[GenerationConfig] | None = None,
+    **options: Any,
+) -> list[GenerationResult]:
+    """Generate completions of several prompts at once, sharing forwards:
+    up to ``max_batch`` run in one batch, each speculating with its own
+    drafts; the results come back in the order of ``prompts``, each as
+    ``generate`` would return it (greedy tokens equal, but at near-ties).
+
+    ``configs``: one ``GenerationConfig`` per prompt instead of the keyword
+    options (which :func:`stream_generate` lists).
+    """
+    from .scheduler import Scheduler, SchedulerConfig
+
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise Hf2qError("prompts must be a list of prompts (strings or token id lists)")
+    if configs is None:
+        configs = [make_config(max_tokens=max_tokens, method=method, **options)] * len(prompts)
+    elif options or max_tokens != 256 or method != "ngram":
+        raise Hf2qError("pass either configs= or keyword options, not both")
+    elif len(configs) != len(prompts):
+        raise Hf2qError(f"{len(configs)} configs for {len(prompts)} prompts")
+    scheduler = Scheduler(target, SchedulerConfig(max_batch=max_batch))
+    sinks = []
+    for prompt, config in zip(prompts, configs):
+        config.validate()
+        ids = encode_prompt(target, prompt, config.chat_template)
+        sink = _Collect(ids)
+        scheduler.submit(ids, config, sink, on_round)
+        sinks.append(sink)
+    scheduler.run()
+    return [s.result() for s in sinks]
+
+
+class _Collect:
+    """A scheduler sink that keeps one generation's output."""
+
+    def __init__(self, ids: list[int]):
+        self.ids, self.tokens, self.text = ids, [], []
+        self.stats: GenerationStats | None = None
+        self.error: Hf2qError | None = None
+
+    def chunk(self, chunk: GenerationChunk) -> None:
+        self.tokens.extend(chunk.tokens)
+        self.text.append(chunk.text)
+
+    def done(self, stats: GenerationStats, error: Hf2qError | None = None) -> None:
+        self.stats, self.error = stats, error
+
+    def result(self) -> GenerationResult:
+        if self.error is not None:
+            raise self.error
+        return GenerationResult(self.tokens, "".join(self.text), self.ids, self.stats)

@@ -173,8 +173,8 @@ class RecurrentLog:
         layers = {}
         for i, conv_input in rec.conv.items():
             cache = self.caches[i]
-            if cache.lengths is not None or cache.left_padding is not None:
-                raise UnsupportedModelError("recurrent caches with batch padding cannot be rolled back")
+            if cache.left_padding is not None:
+                raise UnsupportedModelError("recurrent caches with left padding cannot be rolled back")
             state_slot = None
             call = rec.calls.get(i)
             if call is not None:

@@ -1,0 +1,251 @@
+"""KV caches shared by the rows of a batch, each row with its own length,
+position and rollback.
+
+A batch's attention layers keep their keys and values in slots: buffers of
+shape ``(B, heads, S, dim)`` written column by column, every row at the same
+column, each slot tagged with the position it holds in its row (a
+:class:`SlotTable`, shared by the layers of one kind). A forward of width W
+writes columns ``used .. used + W``; a row that feeds fewer tokens than W
+leaves the rest of its columns empty, and a row that rejects drafts empties
+their slots. Attention masks by position, so empty slots cost memory, never
+correctness: a rollback is exact on every layer kind, sliding windows
+included, whatever has wrapped. When the buffers fill, :meth:`SlotTable.plan`
+packs each row's slots to the left (and drops positions a sliding window no
+longer reaches), which every layer applies as one gather.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import mlx.core as mx
+import numpy as np
+
+#: The position of an empty slot: after every real one, so causality masks it.
+EMPTY = 1 << 30
+#: Slots are allocated in steps of this many columns.
+STEP = 256
+
+
+class SlotTable:
+    """Positions per slot for the rows of a batch, for the layers of one kind
+    (``window``: a sliding window's length, None for full attention).
+
+    ``offsets[b]`` is the next position of row b. Between forwards, row b's
+    slots hold exactly its positions ``0 .. offsets[b] - 1`` (a sliding
+    window: at least the last ``window + keep`` of them).
+    """
+
+    def __init__(self, window: int | None = None, keep: int = 64):
+        self.window, self.keep = window, keep
+        self.pos = np.full((0, 0), EMPTY, dtype=np.int32)  # (B, capacity)
+        self.offsets = np.zeros(0, dtype=np.int64)
+        self.used = 0  # columns written so far
+        self.width = 0  # the forward in progress
+        self._mask: tuple[int, mx.array] | None = None
+        self._offset: mx.array | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.pos.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.pos.shape[1]
+
+    # -- rows -------------------------------------------------------------------
+    def add_row(self, positions: Sequence[int], offset: int) -> None:
+        """A row whose cache holds ``positions`` (in slot order), next position ``offset``."""
+        n = len(positions)
+        if n > self.capacity:
+            self.grow(n)
+        row = np.full((1, self.capacity), EMPTY, dtype=np.int32)
+        row[0, :n] = positions
+        self.pos = np.concatenate([self.pos, row])
+        self.offsets = np.concatenate([self.offsets, [offset]])
+        self.used = max(self.used, n)
+
+    def remove_rows(self, keep: Sequence[int]) -> None:
+        """Keep only the rows ``keep`` (indices, in order); with none left, start over."""
+        self.pos, self.offsets = self.pos[list(keep)], self.offsets[list(keep)]
+        if not keep:
+            self.pos, self.used = np.full((0, 0), EMPTY, dtype=np.int32), 0
+
+    def grow(self, columns: int) -> None:
+        """At least ``columns`` slots per row (whole steps)."""
+        cap = -(-columns // STEP) * STEP
+        if cap > self.capacity:
+            pad = np.full((self.rows, cap - self.capacity), EMPTY, dtype=np.int32)
+            self.pos = np.concatenate([self.pos, pad], axis=1)
+
+    def plan(self, width: int) -> np.ndarray | None:
+        """Make room for a forward of ``width`` columns: when the slots would
+        overflow, pack each row's live slots to the left and return the
+        gather index (B, columns) every layer must apply; else None."""
+        if self.used + width <= self.capacity:
+            return None
+        live = self.pos < EMPTY
+        if self.window is not None:  # positions no query can reach again, even after a rollback
+            live &= self.pos > (self.offsets[:, None] - self.window - self.keep)
+        counts = live.sum(axis=1)
+        n = int(counts.max(initial=0))
+        index = np.zeros((self.rows, n), dtype=np.int32)
+        pos = np.full((self.rows, n), EMPTY, dtype=np.int32)
+        for b in range(self.rows):
+            cols = np.flatnonzero(live[b])
+            index[b, : len(cols)] = cols
+            pos[b, : len(cols)] = self.pos[b, cols]
+        self.pos, self.used = pos, n
+        self.grow(n + width + STEP)
+        return index
+
+    # -- one forward ------------------------------------------------------------
+    def begin(self, widths: Sequence[int]) -> None:
+        """Tag the next ``max(widths)`` columns: row b's first ``widths[b]``
+        with its next positions, the rest empty."""
+        width = max(widths)
+        j = np.arange(width)
+        cols = np.where(j[None] < np.asarray(widths)[:, None], self.offsets[:, None] + j[None], EMPTY)
+        self.pos[:, self.used : self.used + width] = cols
+        self.width = width
+        self._mask = self._offset = None
+
+    def offset_array(self) -> mx.array:
+        """Each row's first position in this forward (for RoPE), (B,)."""
+        if self._offset is None:
+            self._offset = mx.array(self.offsets.astype(np.int32))
+        return self._offset
+
+    def mask(self, n: int, window: int | None = None) -> mx.array:
+        """The (B, 1, n, columns) attention mask of this forward's queries."""
+        window = window or self.window
+        if self._mask is not None and self._mask[0] == (window or 0):
+            return self._mask[1]
+        end = self.used + self.width
+        pos = mx.array(self.pos[:, :end])[:, None, None, :]
+        q = mx.array(self.offsets.astype(np.int32))[:, None] + mx.arange(n, dtype=mx.int32)[None]
+        q = q[:, None, :, None]
+        m = pos <= q
+        if window is not None:
+            m = m & (pos > q - window)
+        self._mask = (window or 0, m)
+        return m
+
+    def end(self) -> None:
+        """After the forward: every row holds its fed positions."""
+        self.used += self.width
+        self.offsets = self.offsets + (self.pos[:, self.used - self.width : self.used] < EMPTY).sum(axis=1)
+        self.width = 0
+        self._mask = self._offset = None
+
+    def trim(self, row: int, n: int) -> None:
+        """Empty row ``row``'s last ``n`` positions."""
+        if n <= 0:
+            return
+        cut = self.offsets[row] - n
+        tail = self.pos[row, : self.used]
+        tail[(tail >= cut) & (tail < EMPTY)] = EMPTY
+        self.offsets[row] = cut
+
+    def row_slots(self, row: int) -> tuple[np.ndarray, np.ndarray]:
+        """Row ``row``'s live columns and their positions, in position order."""
+        cols = np.flatnonzero(self.pos[row, : self.used] < EMPTY)
+        return cols, self.pos[row, cols]
+
+
+class SlotKVCache:
+    """One attention layer's keys and values for a batch, in the slots of
+    ``table`` (mlx-lm's cache protocol: ``update_and_fetch``, ``offset``,
+    ``make_mask``, ``state``)."""
+
+    def __init__(self, table: SlotTable):
+        self.table = table
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+
+    @property
+    def offset(self) -> mx.array:
+        return self.table.offset_array()
+
+    def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False, **kw):
+        return self.table.mask(N, window_size)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        t = self.table
+        if self.keys is None:
+            self._allocate(keys, values)
+        start, width = t.used, keys.shape[2]
+        self.keys[..., start : start + width, :] = keys
+        self.values[..., start : start + width, :] = values
+        return self.keys[..., : start + width, :], self.values[..., : start + width, :]
+
+    def _allocate(self, keys: mx.array, values: mx.array) -> None:
+        B, H, _, D = keys.shape
+        cap = self.table.capacity
+        self.keys = mx.zeros((B, H, cap, D), keys.dtype)
+        self.values = mx.zeros((B, H, cap, values.shape[3]), values.dtype)
+
+    # -- the batch's changes ------------------------------------------------------
+    def fit(self, index: np.ndarray | None) -> None:
+        """Follow the table: apply its packing ``index`` and its capacity."""
+        if self.keys is None:
+            return
+        if index is not None:
+            idx = mx.array(index)[:, None, :, None]
+            self.keys = mx.take_along_axis(self.keys, idx, axis=2)
+            self.values = mx.take_along_axis(self.values, idx, axis=2)
+        grow = self.table.capacity - self.keys.shape[2]
+        if grow > 0:
+            pad = [(0, 0), (0, 0), (0, grow), (0, 0)]
+            self.keys, self.values = mx.pad(self.keys, pad), mx.pad(self.values, pad)
+
+    def add_row(self, keys: mx.array | None, values: mx.array | None) -> None:
+        """Append a row holding ``keys``/``values`` (1, H, n, D) in its first slots."""
+        if keys is None:  # an empty row: zeros, once the shapes are known
+            if self.keys is not None:
+                z = mx.zeros((1, *self.keys.shape[1:]), self.keys.dtype)
+                self.keys, self.values = self._cat(z, z[..., : self.values.shape[3]])
+            return
+        cap = self.table.capacity
+        pad = [(0, 0), (0, 0), (0, cap - keys.shape[2]), (0, 0)]
+        k, v = mx.pad(keys, pad), mx.pad(values, pad)
+        if self.keys is None:
+            rows = self.table.rows - 1  # rows before this one, empty so far
+            if rows:
+                k = mx.concatenate([mx.zeros((rows, *k.shape[1:]), k.dtype), k])
+                v = mx.concatenate([mx.zeros((rows, *v.shape[1:]), v.dtype), v])
+            self.keys, self.values = k, v
+            return
+        self.keys, self.values = self._cat(k, v)
+
+    def _cat(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
+        return mx.concatenate([self.keys, k]), mx.concatenate([self.values, v])
+
+    def remove_rows(self, keep: Sequence[int]) -> None:
+        if not keep:
+            self.keys = self.values = None
+        elif self.keys is not None:
+            idx = mx.array(list(keep), dtype=mx.int32)
+            self.keys, self.values = self.keys[idx], self.values[idx]
+
+    def row(self, row: int) -> tuple[mx.array, mx.array] | None:
+        """Row ``row``'s live keys and values (1, H, n, D), in position order."""
+        if self.keys is None:
+            return None
+        cols, _ = self.table.row_slots(row)
+        idx = mx.array(cols)
+        return self.keys[row : row + 1][:, :, idx], self.values[row : row + 1][:, :, idx]
+
+    @property
+    def state(self):
+        return self.keys, self.values
+
+    def empty(self) -> bool:
+        return self.keys is None
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes

@@ -1,0 +1,251 @@
+"""One forward for many sequences: the batch's caches, its rows, and a view of
+one row that a :class:`~hf2q_py.sequence.Sequence` runs on.
+
+Rows join with the state a single-sequence :class:`~hf2q_py.target.Runtime`
+prefilled (a prompt is prefilled on its own, in chunks between the batch's
+rounds) and leave when their generation ends. Each forward feeds every row
+its own tokens, right-padded to the widest row; a row's padding and its
+rejected drafts are emptied from the caches afterwards
+(:mod:`hf2q_py.batch.cache`), recurrent layers' states included
+(:mod:`hf2q_py.batch.recurrent`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import ArraysCache, KVCache
+
+from ..cache import LayerState, SlidingWindowCache, cache_state
+from ..errors import Hf2qError
+from ..prompt_cache import Snapshot
+from ..target import Runtime, Target
+from .cache import SlotKVCache, SlotTable
+from .recurrent import BatchRecurrent
+
+#: The layer cache kinds a batch holds: full attention, sliding windows and recurrent state.
+BATCHABLE = (KVCache, SlidingWindowCache, ArraysCache)
+
+
+def batch_refusal(target: Target) -> str | None:
+    """Why ``target`` cannot run batched (one line), or None."""
+    if target.sharding is not None:
+        return "a sharded model runs one sequence at a time"
+    kinds = {type(c) for c in target.runtime().cache}
+    odd = sorted(k.__name__ for k in kinds if k not in BATCHABLE)
+    if odd:
+        return f"{target.model_type or 'this model'} has {', '.join(odd)} layer caches, which hf2q-py does not batch"
+    return None
+
+
+class BatchRuntime:
+    """The caches of up to any number of rows and the forwards over them.
+
+    ``rows`` are the ids of the sequences in batch order. ``keep`` bounds
+    rollback on sliding-window layers (positions kept behind the window).
+    """
+
+    #: What rounds are timed with.
+    clock = staticmethod(time.perf_counter)
+
+    def __init__(self, target: Target, keep: int = 64):
+        problem = batch_refusal(target)
+        if problem is not None:
+            raise Hf2qError(f"cannot batch: {problem}")
+        self.target, self.model = target, target.model
+        layout = target.runtime(slack=keep).cache
+        self.tables: dict[int | None, SlotTable] = {}
+        self.caches: list[Any] = []
+        for c in layout:
+            if isinstance(c, ArraysCache):
+                self.caches.append(None)  # filled by BatchRecurrent below
+                continue
+            window = c.window if isinstance(c, SlidingWindowCache) else None
+            table = self.tables.setdefault(window, SlotTable(window, keep))
+            self.caches.append(SlotKVCache(table))
+        self.recurrent = BatchRecurrent.create(target, layout, self.caches)
+        self.rows: list[Any] = []
+
+    # -- rows -------------------------------------------------------------------
+    def add(self, row_id: Any, rt: Runtime) -> RowRuntime:
+        """A new row holding ``rt``'s state (a prefilled single sequence)."""
+        slots = {}  # per table: the first layer's positions, which every layer of the table shares
+        for c, solo in zip(self.caches, rt.cache):
+            if isinstance(c, SlotKVCache) and c.table.window not in slots:
+                slots[c.table.window] = _solo_positions(solo)
+        for window, positions in slots.items():
+            table = self.tables[window]
+            if len(positions) > table.capacity:
+                table.grow(len(positions))
+            for c in self.caches:
+                if isinstance(c, SlotKVCache) and c.table is table:
+                    c.fit(None)
+            table.add_row(positions, rt.offset)
+        for c, solo in zip(self.caches, rt.cache):
+            if isinstance(c, SlotKVCache):
+                c.add_row(*_solo_kv(solo, slots[c.table.window]))
+        if self.recurrent is not None:
+            self.recurrent.add_row(rt.cache, rt.offset)
+        self.rows.append(row_id)
+        return RowRuntime(self, row_id)
+
+    def remove(self, row_ids: Sequence[Any]) -> None:
+        """Drop the rows ``row_ids``."""
+        gone = set(row_ids)
+        keep = [i for i, r in enumerate(self.rows) if r not in gone]
+        for table in self.tables.values():
+            table.remove_rows(keep)
+        for c in self.caches:
+            if isinstance(c, SlotKVCache):
+                c.remove_rows(keep)
+        if self.recurrent is not None:
+            self.recurrent.remove_rows(keep)
+        self.rows = [self.rows[i] for i in keep]
+
+    def index(self, row_id: Any) -> int:
+        return self.rows.index(row_id)
+
+    # -- forwards ---------------------------------------------------------------
+    def forward(self, feeds: Sequence[Sequence[int] | mx.array]) -> mx.array:
+        """One forward feeding row b ``feeds[b]`` (token ids or a lazy array),
+        every row right-padded to the widest; logits (B, W, vocab), lazy."""
+        if len(feeds) != len(self.rows):
+            raise ValueError(f"{len(feeds)} feeds for {len(self.rows)} rows")
+        widths = [len(f) if not isinstance(f, mx.array) else f.shape[0] for f in feeds]
+        width = max(widths)
+        for table in self.tables.values():
+            index = table.plan(width)
+            for c in self.caches:
+                if isinstance(c, SlotKVCache) and c.table is table:
+                    c.fit(index)
+            table.begin(widths)
+        x = _inputs(feeds, widths, width)
+        if self.recurrent is not None:
+            self.recurrent.begin(widths)
+        logits = self.model(x, cache=self.caches)
+        for table in self.tables.values():
+            table.end()
+        if self.recurrent is not None:
+            self.recurrent.end()
+        return logits
+
+    def trim(self, row_id: Any, n: int) -> None:
+        """Drop row ``row_id``'s last ``n`` positions (within the last forward)."""
+        b = self.index(row_id)
+        for table in self.tables.values():
+            table.trim(b, n)
+        if self.recurrent is not None:
+            self.recurrent.trim(b, n)
+
+    def settle(self) -> None:
+        """After the rows trimmed what they rejected: bring the recurrent
+        states to each row's kept positions."""
+        if self.recurrent is not None:
+            self.recurrent.settle()
+
+    def state(self) -> list[Any]:
+        out = [c.state for c in self.caches if isinstance(c, SlotKVCache) and not c.empty()]
+        return out + (self.recurrent.state() if self.recurrent is not None else [])
+
+    def offset(self, row_id: Any) -> int:
+        b = self.index(row_id)
+        table = next(iter(self.tables.values()), None)
+        return int(table.offsets[b]) if table is not None else self.recurrent.offsets[b]
+
+    def snapshot(self, row_id: Any, tokens: Sequence[int]) -> Snapshot:
+        """Row ``row_id``'s caches as a prompt-cache snapshot holding ``tokens``."""
+        b = self.index(row_id)
+        layers = []
+        for c in self.caches:
+            if isinstance(c, SlotKVCache):
+                layers.append(_row_state(c, b))
+            else:
+                layers.append(self.recurrent.row_state(c, b))
+        mx.eval([a for layer in layers for a in layer.arrays if a is not None])
+        return Snapshot(tuple(tokens), tuple(layers))
+
+
+def _inputs(feeds: Sequence[Sequence[int] | mx.array], widths: list[int], width: int) -> mx.array:
+    """The (B, W) input ids, each row right-padded with 0."""
+    if not any(isinstance(f, mx.array) for f in feeds):
+        x = np.zeros((len(feeds), width), dtype=np.uint32)
+        for b, f in enumerate(feeds):
+            x[b, : len(f)] = f
+        return mx.array(x)
+    rows = []
+    for f, w in zip(feeds, widths):
+        row = f.astype(mx.uint32) if isinstance(f, mx.array) else mx.array(list(f), dtype=mx.uint32)
+        rows.append(mx.pad(row, [(0, width - w)]) if w < width else row)
+    return mx.stack(rows)
+
+
+def _solo_positions(cache: Any) -> np.ndarray:
+    """The positions a single sequence's layer cache holds (a sliding window:
+    those within reach of a rollback), in order."""
+    if cache.empty():
+        return np.zeros(0, dtype=np.int32)
+    start = 0
+    if isinstance(cache, SlidingWindowCache):
+        start = max(cache.start, cache.view_start(cache.offset) - cache.slack)
+    return np.arange(start, cache.offset, dtype=np.int32)
+
+
+def _solo_kv(cache: Any, positions: np.ndarray) -> tuple[mx.array | None, mx.array | None]:
+    """A single sequence's keys and values at ``positions`` (1, H, n, D)."""
+    if cache.empty() or not len(positions):
+        return None, None
+    first = int(positions[0]) - (cache.start if isinstance(cache, SlidingWindowCache) else 0)
+    held = slice(first, first + len(positions))
+    return cache.keys[..., held, :], cache.values[..., held, :]
+
+
+def _row_state(cache: SlotKVCache, b: int) -> LayerState:
+    """One row of a slot cache as the ``LayerState`` a single sequence would save."""
+    table = cache.table
+    offset = int(table.offsets[b])
+    kv = cache.row(b)
+    if kv is None:
+        raise ValueError("cannot save an empty layer cache")
+    _, positions = table.row_slots(b)
+    nbytes = kv[0].nbytes + kv[1].nbytes
+    if table.window is None:
+        return LayerState("kv", kv, offset, nbytes)
+    start = int(positions[0]) if len(positions) else offset
+    return LayerState("window", kv, offset, nbytes, start, table.window)
+
+
+class RowRuntime:
+    """One row of a :class:`BatchRuntime`, as a Sequence sees its runtime:
+    the row's offset, its rollback and its prompt-cache snapshot (forwards
+    and reads are the batch's)."""
+
+    clock = staticmethod(time.perf_counter)
+    trimmable = False
+
+    def __init__(self, batch: BatchRuntime, row_id: Any):
+        self.batch, self.row_id = batch, row_id
+        self.target = batch.target
+
+    @property
+    def offset(self) -> int:
+        return self.batch.offset(self.row_id)
+
+    def trim(self, n: int, skip_layers: Sequence[int] = ()) -> None:
+        if n < 0 or n > self.offset:
+            raise ValueError(f"cannot trim {n} positions from a cache of {self.offset}")
+        self.batch.trim(self.row_id, n)
+
+    def read(self, result: mx.array) -> list:
+        return result.tolist()
+
+    def state(self) -> list[Any]:
+        return cache_state([])
+
+    def snapshot(self, tokens: Sequence[int]) -> Snapshot:
+        if len(tokens) != self.offset:
+            raise ValueError(f"the cache holds {self.offset} positions, not {len(tokens)}")
+        return self.batch.snapshot(self.row_id, tokens)
