@@ -95,9 +95,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(name: str, folder: Path, log, *flags: str) -> tuple[subprocess.Popen, str]:
+def start(name: str, folder: Path, log, *flags: str, tree: str | None = None) -> tuple[subprocess.Popen, str]:
+    """Start a server; ``tree``: run hf2q-py from that checkout instead of this one."""
     port = free_port()
     env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = tree
     if name == "hf2q-py":
         cmd = [sys.executable, "-m", "hf2q_py", "serve", "--model", str(folder), "--port", str(port), *flags]
     else:
@@ -105,7 +108,7 @@ def start(name: str, folder: Path, log, *flags: str) -> tuple[subprocess.Popen, 
         if blas:
             env["LD_PRELOAD"] = blas
         cmd = [sys.executable, "-m", "mlx_lm.server", "--model", str(folder), "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env, cwd=tree)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_SECONDS
     while time.monotonic() < deadline:

@@ -336,7 +336,8 @@ class Scheduler:
         for entry in list(self.rows):
             self.rows.remove(entry)
             self._fail(entry, error)
-        self.batch = BatchRuntime(self.target)
+        if self.batch is not None:
+            self.batch = BatchRuntime(self.target)
 
     def _drop_cancelled(self) -> None:
         for entry in [e for e in self.waiting if e.cancelled]:
@@ -346,6 +347,15 @@ class Scheduler:
             self.joining.remove(entry)
             entry.seq.close(keep=False)
             entry.sink.done(entry.stats)
+
+    def fail_all(self, error: Exception | None = None) -> None:
+        """Something failed outside any one generation: every admitted one
+        fails, the waiting ones stay, the batch starts empty."""
+        error = error or Hf2qError("the scheduler failed")
+        for queue in (self.joining, self.alone):
+            while queue:
+                self._fail(queue.popleft(), error)
+        self._reset(error)
 
     def cancel_all(self) -> None:
         """Cancel every generation (waiting ones never start)."""

@@ -176,26 +176,66 @@ def test_a_retried_request_is_drafted_from_its_first_answer(client):
     assert spec["rounds"] <= 4
 
 
-def test_concurrent_clients_each_get_the_answer_they_get_alone(server, smol):
-    prompts = ["Name three colors.", "What is 2 + 2?", "Say hello in French."]
+def test_eight_concurrent_clients_share_forwards_and_each_gets_the_answer_it_gets_alone(server, smol):
+    prompts = ["Name three colors.", "What is 2 + 2?", "Say hello in French.", EDIT]
     want = {}
     for p in prompts:
         ids = hf2q_py.encode_prompt(smol, p)
         want[p] = (ids, hf2q_py.generate(smol, ids, max_tokens=16).tokens)
-    got: dict[str, list[int]] = {}
+    before = batch_rounds(server)
+    got: dict[int, tuple[str, list[int]]] = {}
 
-    def ask(p: str) -> None:
+    def ask(i: int, p: str) -> None:
         c = openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, timeout=120)
-        got[p] = tokens_of(chat(c, user(p), max_tokens=16, extra_body=TOKENS))
+        got[i] = (p, tokens_of(chat(c, user(p), max_tokens=16, extra_body=TOKENS)))
 
-    threads = [threading.Thread(target=ask, args=(p,)) for p in prompts * 2]
+    threads = [threading.Thread(target=ask, args=(i, p)) for i, p in enumerate(prompts * 2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
-    for p in prompts:
-        ids, tokens = want[p]
-        assert_same_greedy(smol.model, ids, got[p], tokens)
+    assert len(got) == 8
+    for p, tokens in got.values():
+        ids, solo = want[p]
+        assert_same_greedy(smol.model, ids, tokens, solo)
+    after = batch_rounds(server)
+    shared = sum(n - before.get(size, 0) for size, n in after.items() if size > 1)
+    assert shared > 0, "concurrent requests should have shared forwards"
+
+
+def batch_rounds(server) -> dict[int, float]:
+    """The server's batched forwards by batch size (from /metrics)."""
+    raw = server.raw("GET", "/metrics")[2].decode()
+    return {
+        int(s.labels["size"]): s.value
+        for f in text_string_to_metric_families(raw)
+        for s in f.samples
+        if s.name == "hf2q_batch_rounds_total"
+    }
+
+
+def test_a_client_that_leaves_mid_stream_does_not_disturb_the_one_beside_it(server, smol):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    body = {"model": MODEL, "messages": user("Write a very long story about a dragon."), "max_tokens": 1500,
+            "stream": True}  # fmt: skip
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    resp.read1(200)  # generating
+    got = {}
+
+    def ask() -> None:
+        c = openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, timeout=120)
+        got["tokens"] = tokens_of(chat(c, user(EDIT), max_tokens=24, extra_body=TOKENS))
+
+    beside = threading.Thread(target=ask)
+    beside.start()
+    time.sleep(1.0)
+    conn.sock.close()  # leaves while the other request runs beside it
+    conn.close()
+    beside.join(120)
+    ids = hf2q_py.encode_prompt(smol, EDIT)
+    assert_same_greedy(smol.model, ids, got["tokens"], hf2q_py.generate(smol, ids, max_tokens=24).tokens)
 
 
 def test_a_client_that_leaves_mid_stream_frees_the_worker_for_the_next_request(server, client):
@@ -365,7 +405,14 @@ def guarded():
     from hf2q_py.loaders.builtin import builtin_model_path
 
     with running_server(
-        "--api-key", "s3cret", "--max-queue", "1", "--draft-model", str(builtin_model_path())
+        "--api-key",
+        "s3cret",
+        "--max-queue",
+        "1",
+        "--max-batch",
+        "1",
+        "--draft-model",
+        str(builtin_model_path()),
     ) as s:
         yield s
 
@@ -403,7 +450,9 @@ def test_requests_past_the_queue_limit_are_refused_at_once(guarded):
     resp.read1(100)  # generating
     waiting = http.client.HTTPConnection("127.0.0.1", guarded.port, timeout=60)
     waiting.request("POST", "/v1/chat/completions", body, auth)
-    time.sleep(0.5)
+    deadline = time.monotonic() + 10  # the second request waits for the model (--max-batch 1)
+    while queue_depth(guarded, auth) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
     t0 = time.perf_counter()
     status, _, raw = guarded.raw("POST", "/v1/chat/completions", body, headers=auth)
     assert status == 503 and time.perf_counter() - t0 < 3

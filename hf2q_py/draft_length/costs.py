@@ -99,6 +99,7 @@ class MeasuredCosts:
         self.draft_tokens: dict[Hashable, float] = {}  # key -> decayed sum of drafted tokens
         self._break = [0.0, 0]  # seconds and decodes of the pipeline break in progress
         self._after_restart = False
+        self._costs: tuple[tuple, list[float]] | None = None  # (the timings they were computed from, costs)
 
     # -- reading -----------------------------------------------------------
     def time(self, n: int) -> float | None:
@@ -153,7 +154,19 @@ class MeasuredCosts:
 
     def costs(self) -> list[float]:
         """``cost(n)`` for n = 0 .. k_max + 1 (index n); a verify (n >= 2)
-        includes the pipeline restart it causes."""
+        includes the pipeline restart it causes. Computed once per change of
+        the timings (a round asks several times)."""
+        key = self._timings_key()
+        if self._costs is None or self._costs[0] != key:
+            self._costs = (key, self._compute_costs())
+        return self._costs[1]
+
+    def _timings_key(self) -> tuple:
+        tm = self.timings
+        return (tm.break_seconds, tm.breaks, tm.prefill_seconds, tm.prefill_tokens,
+                tuple(tm.seconds.items()), tuple(tm.counts.items()))  # fmt: skip
+
+    def _compute_costs(self) -> list[float]:
         t1 = self.decode_time()
         counts = self.timings.counts
         measured = sorted(w for w, c in counts.items() if c and w > 1) if self.timed and t1 else []

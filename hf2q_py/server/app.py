@@ -52,6 +52,7 @@ class ServerConfig:
     max_context: int | None = None
     max_body_bytes: int = 8 << 20
     max_queue: int = 16
+    max_batch: int = 8
     temperature: float = 0.0
 
 
@@ -284,7 +285,7 @@ async def _until(events: AsyncIterator, gone: asyncio.Future) -> AsyncIterator:
 
 def create_app(worker: Worker, config: ServerConfig) -> Any:
     """The ASGI application: the routes inside :class:`Guard`."""
-    metrics = Metrics(lambda: worker.target.prompt_cache, lambda: worker.waiting)
+    metrics = Metrics(lambda: worker.target.prompt_cache, lambda: worker.waiting, lambda: worker.batch_rounds)
     service = Service(worker, config, metrics)
     app = FastAPI(title="hf2q-py", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
 

@@ -21,6 +21,7 @@ from ..errors import Hf2qError
 from ..target import Target
 from .app import ServerConfig, create_app
 from .relay import Relay
+from ..scheduler import SchedulerConfig
 from .worker import Worker
 
 STARTUP_SECONDS = 30.0
@@ -60,7 +61,7 @@ def serve(
     sock = sock or bind(host, port)
     sharding = getattr(target, "sharding", None)
     relay = Relay(sharding) if sharding is not None else None
-    worker = Worker(target, config.max_queue, relay)
+    worker = Worker(target, config.max_queue, relay, SchedulerConfig(max_batch=config.max_batch))
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(worker, config),

@@ -39,10 +39,30 @@ class _PromptCacheCollector(Collector):
         yield GaugeMetricFamily("hf2q_prompt_cache_bytes", "memory the snapshots hold", value=cache.nbytes)
 
 
+class _BatchCollector(Collector):
+    """Reads the scheduler's rounds per batch size at each scrape."""
+
+    def __init__(self, rounds: Callable[[], dict[int, int]]):
+        self.rounds = rounds
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "hf2q_batch_rounds", "batched forwards by how many generations shared them", labels=["size"]
+        )
+        for size, n in sorted(self.rounds().items()):
+            family.add_metric([str(size)], n)
+        yield family
+
+
 class Metrics:
     """Counters and histograms of one server."""
 
-    def __init__(self, prompt_cache: Callable[[], PromptCache | None], queue_depth: Callable[[], int]):
+    def __init__(
+        self,
+        prompt_cache: Callable[[], PromptCache | None],
+        queue_depth: Callable[[], int],
+        batch_rounds: Callable[[], dict[int, int]] = dict,
+    ):
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "hf2q_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r
@@ -72,6 +92,7 @@ class Metrics:
         self.queue = Gauge("hf2q_queue_depth", "requests waiting for the model", registry=r)
         self.queue.set_function(queue_depth)
         r.register(_PromptCacheCollector(prompt_cache))
+        r.register(_BatchCollector(batch_rounds))
 
     def request(self, path: str, status: int) -> None:
         self.requests.labels(path if path in ENDPOINTS else "other", str(status)).inc()

@@ -1,4 +1,6 @@
-"""The worker: the one owner of the model, running generations one at a time.
+"""The worker: the one owner of the model, running generations through a
+:class:`~hf2q_py.scheduler.Scheduler` (continuous batching: requests join
+and leave the batch between rounds, up to ``max_batch`` at once).
 
 The HTTP side submits a :class:`Job` (token ids and a ``GenerationConfig``)
 and reads its events (:class:`Piece` per round, then :class:`Finished` or
@@ -6,7 +8,8 @@ and reads its events (:class:`Piece` per round, then :class:`Finished` or
 calls :meth:`Worker.run`, the process's main thread (MLX's compute stays on
 one thread). A job cancelled while it runs stops within one round; one
 cancelled while it waits never starts. ``submit`` refuses a job at once when
-``max_queue`` jobs already wait.
+``max_queue`` jobs already wait. A sharded target (``relay``) runs one
+generation at a time, every rank in step.
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from ..config import GenerationConfig
 from ..errors import Hf2qError, one_line
-from ..generation import stream_generate
+from ..generation import GenerationChunk, stream_generate
+from ..sampling import TokenLogprob
+from ..scheduler import Entry, Scheduler, SchedulerConfig
 from ..stats import GenerationStats
 from ..target import Target
 from .relay import Relay
@@ -30,10 +35,12 @@ log = logging.getLogger("hf2q_py.server")
 
 @dataclass
 class Piece:
-    """Text decoded in one round and the tokens behind it."""
+    """Text decoded in one round, the tokens behind it and their
+    log-probabilities (when the request asked for them)."""
 
     text: str
     tokens: list[int]
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -87,11 +94,39 @@ class Job:
                 return
 
 
-class Worker:
-    """Runs jobs one at a time on ``target``, at most ``max_queue`` waiting
-    (a cancelled job frees its place at once)."""
+class JobSink:
+    """A scheduler sink that turns one generation's output into its job's
+    events (``ended`` is called once it is over)."""
 
-    def __init__(self, target: Target, max_queue: int = 16, relay: Relay | None = None):
+    def __init__(self, job: Job, ended: Callable[[], None] = lambda: None):
+        self.job, self.ended = job, ended
+
+    def chunk(self, chunk: GenerationChunk) -> None:
+        self.job.emit(Piece(chunk.text, chunk.tokens, chunk.logprobs))
+
+    def done(self, stats: GenerationStats, error: Hf2qError | None = None) -> None:
+        self.ended()
+        if error is None:
+            self.job.emit(Finished(stats, cancelled=self.job.cancelled.is_set()))
+        elif getattr(error, "cause", None) is not None:  # not the request's fault
+            self.job.emit(
+                Failed(500, "the generation failed on the server (see the server's log)", "server_error")
+            )
+        else:
+            self.job.emit(Failed(400, one_line(error, limit=1000), "invalid_request"))
+
+
+class Worker:
+    """Runs jobs on ``target`` (batched by a scheduler), at most ``max_queue``
+    waiting (a cancelled job frees its place at once)."""
+
+    def __init__(
+        self,
+        target: Target,
+        max_queue: int = 16,
+        relay: Relay | None = None,
+        scheduling: SchedulerConfig | None = None,
+    ):
         self.target = target
         self.max_queue = max_queue
         self.relay = relay
@@ -99,18 +134,30 @@ class Worker:
         self._ready = threading.Condition()
         self.running: Job | None = None
         self._stopping = False
+        self.scheduler = Scheduler(target, scheduling) if relay is None else None
+        self._entries: dict[int, tuple[Job, Entry]] = {}  # by id(job)
 
     @property
     def waiting(self) -> int:
         """Jobs submitted, not cancelled and not yet started."""
         with self._ready:
-            return sum(not j.cancelled.is_set() for j in self._pending)
+            pending = sum(not j.cancelled.is_set() for j in self._pending)
+        if self.scheduler is not None:
+            pending += sum(not e.cancelled for e in list(self.scheduler.waiting))
+        return pending
+
+    @property
+    def batch_rounds(self) -> dict[int, int]:
+        """Rounds run per batch size (rows sharing a forward)."""
+        return dict(self.scheduler.rounds_by_size) if self.scheduler is not None else {}
 
     def submit(self, job: Job) -> None:
         with self._ready:
             if self._stopping:
                 raise Busy("the server is shutting down")
             waiting = sum(not j.cancelled.is_set() for j in self._pending)
+            if self.scheduler is not None:
+                waiting += sum(not e.cancelled for e in list(self.scheduler.waiting))
             if waiting >= self.max_queue:
                 raise Busy(f"the server is busy: {waiting} requests are waiting (--max-queue)")
             self._pending.append(job)
@@ -119,16 +166,56 @@ class Worker:
     def run(self) -> None:
         """Serve jobs until :meth:`stop`; call from the thread that owns the model."""
         try:
-            while (job := self._next()) is not None:
-                self.running = job
-                try:
-                    self._serve(job)
-                finally:
-                    self.running = None
+            if self.scheduler is None:
+                self._run_alone()
+            else:
+                self._run_batched()
         finally:
             if self.relay is not None:
                 self.relay.stop()
         self._fail_waiting()
+
+    # -- batched -------------------------------------------------------------------
+    def _run_batched(self) -> None:
+        sched = self.scheduler
+        while True:
+            with self._ready:  # jobs move to the scheduler under the lock: always counted as waiting
+                if not self._pending and sched.idle and not self._stopping:
+                    self._ready.wait(0.1)
+                if self._stopping:
+                    break
+                while self._pending:
+                    job = self._pending.popleft()
+                    if not job.cancelled.is_set():
+                        self._entries[id(job)] = (job, sched.submit(job.ids, job.config, self._sink(job)))
+            for job, entry in list(self._entries.values()):
+                if job.cancelled.is_set():
+                    entry.cancel()
+            if not sched.idle:
+                self._step()
+        sched.cancel_all()  # stopping: the running ones end between rounds, the waiting never start
+        while not sched.idle:
+            self._step()
+
+    def _sink(self, job: Job) -> JobSink:
+        key = id(job)
+        return JobSink(job, lambda: self._entries.pop(key, None))
+
+    def _step(self) -> None:
+        try:
+            self.scheduler.step()
+        except Exception:  # noqa: BLE001 - the server outlives any one round
+            log.exception("a scheduling round failed")
+            self.scheduler.fail_all()
+
+    # -- one at a time (a sharded target) -------------------------------------------
+    def _run_alone(self) -> None:
+        while (job := self._next()) is not None:
+            self.running = job
+            try:
+                self._serve(job)
+            finally:
+                self.running = None
 
     def _next(self) -> Job | None:
         """The next job not cancelled, or None once stopping (idle ticks to the other ranks meanwhile)."""
@@ -146,12 +233,14 @@ class Worker:
                 return job
 
     def stop(self) -> None:
-        """Stop: the running job is cancelled, waiting ones fail with 503.
+        """Stop: running jobs are cancelled, waiting ones fail with 503.
         Safe to call from a signal handler (it takes no lock)."""
         self._stopping = True
         running = self.running
         if running is not None:
             running.cancel()
+        for job, _ in list(self._entries.values()):
+            job.cancel()
 
     def _going_on(self, job: Job) -> bool:
         go = not job.cancelled.is_set()
@@ -172,7 +261,7 @@ class Worker:
             stream = stream_generate(self.target, job.ids, config=job.config, stats=stats)
             try:
                 for chunk in stream:
-                    job.emit(Piece(chunk.text, chunk.tokens))
+                    job.emit(Piece(chunk.text, chunk.tokens, chunk.logprobs))
                     if not self._going_on(job):
                         break
             finally:

@@ -461,6 +461,12 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
         help="requests that may wait for the model; more get 503 (default 16)",
     )
     s.add_argument(
+        "--max-batch",
+        type=_positive_int,
+        default=8,
+        help="generations running at once, sharing each forward (continuous batching; default 8; 1: one at a time)",
+    )
+    s.add_argument(
         "--temp", type=float, default=0.0, help="temperature when a request gives none (default 0: greedy)"
     )
     s.add_argument(
@@ -866,6 +872,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_context=args.max_context,
         max_body_bytes=args.max_body_bytes,
         max_queue=args.max_queue,
+        max_batch=args.max_batch,
         temperature=args.temp,
     )
 

@@ -31,6 +31,9 @@ class ReadCount:
     by_kind: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     async_evals: int = 0
+    #: Seconds inside ``mx.async_eval``: on a backend that computes inline
+    #: (MLX's CPU, once its queue is full) the forward's own time.
+    async_seconds: float = 0.0
 
     @property
     def reads(self) -> int:
@@ -69,7 +72,11 @@ def count_reads() -> Iterator[ReadCount]:
 
     def async_eval(*args, **kwargs):
         count.async_evals += 1
-        return original_async(*args, **kwargs)
+        t0 = time.perf_counter()
+        try:
+            return original_async(*args, **kwargs)
+        finally:
+            count.async_seconds += time.perf_counter() - t0
 
     methods = {name: _type_dict(mx.array)[name] for name in ("item", "tolist")}
     original_eval, original_async = mx.eval, mx.async_eval

@@ -1,0 +1,196 @@
+"""Many generations in one batch: every row equals its solo generation
+(token for token, or at a numerical near-tie), whatever shares its batch and
+whenever it joined; rollback per row on every cache kind; one read a round."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import UNGATED, assert_same_greedy
+from models import random_prompt, tiny_target
+from test_engine import loopy_prompt
+
+import hf2q_py
+from hf2q_py.errors import Hf2qError
+from hf2q_py.generation import make_config
+from hf2q_py.prompt_cache import PromptCache
+from hf2q_py.scheduler import Scheduler, SchedulerConfig
+from hf2q_py.tools.reads import count_reads
+
+#: Prompts of different lengths: repetitive ones (drafts mostly accepted), random
+#: ones (drafts mostly rejected) and a one-token prompt (nothing to prefill).
+PROMPTS = [loopy_prompt(24), random_prompt(20, 1), random_prompt(5, 2), loopy_prompt(40)[3:], [7]]
+
+# (arch, weight scale): full attention, sliding windows of 16 (the answers run past
+# them), Gemma 4's KV sharing, and recurrent gated-delta layers.
+ARCHS = [("llama", 2.0), ("gemma3_text", 1.0), ("gemma4_text", 1.5), ("qwen3_next", 1.0)]
+
+#: n-gram drafting with a fixed K and no memory: many drafts, many rejected.
+REJECTING = dict(method="ngram", k=4, adaptive=False, memory=False)
+
+
+def solo(target, prompts, **options):
+    return [hf2q_py.generate(target, p, **options) for p in prompts]
+
+
+def assert_rows_equal_solo(target, prompts, got, want):
+    for p, g, w in zip(prompts, got, want):
+        assert_same_greedy(target.model, p, g.tokens, w.tokens)
+
+
+@pytest.mark.parametrize("arch, scale", ARCHS)
+@pytest.mark.parametrize("options", [REJECTING, dict(method="ngram", memory=False), dict(method="baseline")])
+def test_every_row_of_a_batch_equals_its_solo_generation(arch, scale, options):
+    target = tiny_target(arch, scale=scale)
+    want = solo(target, PROMPTS, max_tokens=50, **options)
+    got = hf2q_py.batch_generate(target, PROMPTS, max_tokens=50, max_batch=3, **options)
+    assert_rows_equal_solo(target, PROMPTS, got, want)
+    if options["method"] == "ngram":
+        assert sum(g.stats.drafted - g.stats.accepted for g in got) > 0, "the test should exercise rollback"
+
+
+@pytest.mark.parametrize("arch, scale", [("llama", 2.0), ("gemma4_text", 1.5), ("qwen3_next", 1.0)])
+def test_seeded_sampling_in_a_batch_equals_sampling_alone(arch, scale):
+    target = tiny_target(arch, scale=scale)
+    for options in (
+        dict(REJECTING, temperature=0.8, seed=3),
+        dict(method="baseline", temperature=0.8, seed=5),
+    ):
+        want = solo(target, PROMPTS, max_tokens=40, **options)
+        got = hf2q_py.batch_generate(target, PROMPTS, max_tokens=40, max_batch=4, **options)
+        assert [g.tokens for g in got] == [w.tokens for w in want]
+
+
+class Collect:
+    def __init__(self):
+        self.tokens, self.stats, self.error, self.chunks = [], None, None, 0
+
+    def chunk(self, chunk):
+        self.tokens += chunk.tokens
+        self.chunks += 1
+
+    def done(self, stats, error=None):
+        self.stats, self.error = stats, error
+
+
+def submit(scheduler, target, prompt, **options):
+    sink = Collect()
+    entry = scheduler.submit(list(prompt), make_config(**options), sink)
+    return entry, sink
+
+
+def test_rows_join_and_leave_mid_generation_and_each_still_equals_solo():
+    target = tiny_target("gemma4_text", scale=1.5)
+    scheduler = Scheduler(target, SchedulerConfig(max_batch=2, prefill_chunk=8))
+    budgets = [60, 12, 33, 5, 41]
+    sinks = []
+    for i, (prompt, n) in enumerate(zip(PROMPTS, budgets)):
+        sinks.append(submit(scheduler, target, prompt, max_tokens=n, **REJECTING)[1])
+        for _ in range(3 * i):  # later prompts arrive while earlier ones run
+            scheduler.step()
+    scheduler.run()
+    for prompt, n, sink in zip(PROMPTS, budgets, sinks):
+        want = hf2q_py.generate(target, prompt, max_tokens=n, **REJECTING).tokens
+        assert sink.error is None
+        assert_same_greedy(target.model, prompt, sink.tokens, want)
+        assert len(sink.tokens) <= n
+    assert max(scheduler.rounds_by_size) == 2
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_while_the_others_keep_decoding():
+    target = tiny_target("llama")
+    scheduler = Scheduler(target, SchedulerConfig(max_batch=4, prefill_chunk=16))
+    _, first = submit(scheduler, target, random_prompt(10), max_tokens=40, method="baseline")
+    for _ in range(3):
+        scheduler.step()
+    before = len(first.tokens)
+    entry, _ = submit(scheduler, target, random_prompt(120, 3), max_tokens=5, method="baseline")
+    steps = 0
+    while entry.seq is None or entry in scheduler.joining:
+        scheduler.step()
+        steps += 1
+    assert steps >= 120 // 16  # one chunk a round
+    assert len(first.tokens) - before >= steps - 1  # the running row decoded meanwhile
+    scheduler.run()
+
+
+def test_a_method_that_cannot_share_a_forward_runs_alone_beside_the_batch():
+    target = tiny_target("llama", scale=2.0)
+    draft = tiny_target("llama", seed=1, scale=2.0)
+    scheduler = Scheduler(target, SchedulerConfig(max_batch=4))
+    jobs = [
+        (PROMPTS[0], dict(method="draft", draft=draft, k=3, **UNGATED)),
+        (PROMPTS[1], REJECTING),
+        (PROMPTS[2], dict(method="baseline")),
+    ]
+    sinks = [submit(scheduler, target, p, max_tokens=30, **o)[1] for p, o in jobs]
+    scheduler.run()
+    for (prompt, options), sink in zip(jobs, sinks):
+        want = hf2q_py.generate(target, prompt, max_tokens=30, **options).tokens
+        assert_same_greedy(target.model, prompt, sink.tokens, want)
+    assert max(scheduler.rounds_by_size) == 2  # the draft-model row was never in the batch
+
+
+def test_a_cancelled_row_stops_between_rounds_and_the_others_go_on():
+    target = tiny_target("llama", scale=2.0)
+    scheduler = Scheduler(target, SchedulerConfig(max_batch=3))
+    entries = [submit(scheduler, target, p, max_tokens=40, method="baseline") for p in PROMPTS[:3]]
+    for _ in range(6):
+        scheduler.step()
+    entries[1][0].cancel()
+    scheduler.run()
+    cancelled = entries[1][1]
+    assert cancelled.error is None and 0 < len(cancelled.tokens) < 40
+    for i in (0, 2):
+        want = hf2q_py.generate(target, PROMPTS[i], max_tokens=40).tokens
+        assert_same_greedy(target.model, PROMPTS[i], entries[i][1].tokens, want)
+
+
+def test_a_finished_row_leaves_a_state_the_next_request_reuses():
+    target = tiny_target("gemma3_text")
+    target.prompt_cache = PromptCache(4)
+    prompt = random_prompt(30, 4)
+    first = hf2q_py.batch_generate(target, [prompt, random_prompt(9, 5)], max_tokens=20, **REJECTING)[0]
+    follow_up = prompt + first.tokens + random_prompt(6, 6)
+    again = hf2q_py.batch_generate(target, [follow_up], max_tokens=20, **REJECTING)[0]
+    assert again.stats.cached_tokens == len(prompt) + len(first.tokens) - 1
+    target.prompt_cache = None
+    want = hf2q_py.generate(target, follow_up, max_tokens=20, **REJECTING).tokens
+    assert_same_greedy(target.model, follow_up, again.tokens, want)
+
+
+def test_a_batched_round_makes_one_blocking_read():
+    target = tiny_target("llama", scale=2.0)
+    scheduler = Scheduler(target, SchedulerConfig(max_batch=4))
+    for p in PROMPTS[:4]:
+        submit(scheduler, target, p, max_tokens=30, **REJECTING)
+    while scheduler.joining or scheduler.waiting:
+        scheduler.step()
+    rounds = 0
+    with count_reads() as reads:
+        while scheduler.rows:
+            scheduler.step()
+            rounds += 1
+    assert rounds > 5 and reads.reads == rounds
+
+
+def test_a_row_with_a_stop_string_ends_there_and_its_text_matches_solo():
+    target = tiny_target("llama", scale=2.0, tokenizer=True)
+    prompts = [PROMPTS[1], PROMPTS[3], PROMPTS[2]]
+    free = hf2q_py.generate(target, prompts[0], max_tokens=30, method="baseline")
+    stop = free.text[10:13]
+    want = [hf2q_py.generate(target, p, max_tokens=30, stop=[stop], **REJECTING) for p in prompts]
+    got = hf2q_py.batch_generate(target, prompts, max_tokens=30, stop=[stop], **REJECTING)
+    assert [g.text for g in got] == [w.text for w in want]
+    assert got[0].finish_reason == "stop" and stop not in got[0].text
+
+
+def test_bad_batch_requests_are_refused_with_a_message():
+    target = tiny_target("llama")
+    with pytest.raises(Hf2qError, match="list of prompts"):
+        hf2q_py.batch_generate(target, "one prompt", max_tokens=4)
+    with pytest.raises(Hf2qError, match="max_batch"):
+        Scheduler(target, SchedulerConfig(max_batch=0))
+    with pytest.raises(Hf2qError, match="configs"):
+        hf2q_py.batch_generate(target, [[1, 2]], configs=[make_config(), make_config()])
+    with pytest.raises(Hf2qError, match="prompt"):
+        hf2q_py.batch_generate(target, [[]], max_tokens=4)
