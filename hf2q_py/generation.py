@@ -8,6 +8,7 @@ from typing import Any
 from collections.abc import Callable, Iterator, Sequence
 
 from .config import GenerationConfig, SpecConfig
+from .constraints import ConstraintSpec
 from .distributed import agree_seed
 from .sampling import SamplingConfig, make_decider
 from .engine import generate_tokens
@@ -20,6 +21,8 @@ from .target import _config_value as target_config_value
 
 _SPEC_FIELDS = {f.name for f in fields(SpecConfig)}
 _SAMPLING_FIELDS = {f.name for f in fields(SamplingConfig)}
+#: Options that make the config's ``constraint`` (``ConstraintSpec.from_options``).
+_CONSTRAINT_OPTIONS = ("json_schema", "regex", "grammar", "json_object")
 
 
 @dataclass
@@ -126,10 +129,23 @@ def make_config(**options: Any) -> GenerationConfig:
 
 
 def _split_options(options: dict[str, Any]) -> GenerationConfig:
+    options = dict(options)
+    asked = {k: options.pop(k) for k in _CONSTRAINT_OPTIONS if k in options}
+    if asked:
+        if options.get("constraint") is not None:
+            raise Hf2qError(f"give constraint= or {', '.join(asked)}=, not both")
+        options["constraint"] = ConstraintSpec.from_options(**asked)
     spec_opts = {k: v for k, v in options.items() if k in _SPEC_FIELDS}
     sampling_opts = {k: v for k, v in options.items() if k in _SAMPLING_FIELDS}
     gen_opts = {k: v for k, v in options.items() if k not in _SPEC_FIELDS | _SAMPLING_FIELDS}
-    unknown = set(gen_opts) - {"max_tokens", "stop", "chat_template", "plain_first_token"}
+    unknown = set(gen_opts) - {
+        "max_tokens",
+        "stop",
+        "chat_template",
+        "plain_first_token",
+        "constraint",
+        "logprobs",
+    }
     if unknown:
         raise Hf2qError(f"unknown option(s): {', '.join(sorted(unknown))}")
     if isinstance(gen_opts.get("stop"), str):
@@ -153,7 +169,9 @@ def stream_generate(
     """Generate and yield text as it is decoded.
 
     Options (or a ``GenerationConfig``): ``max_tokens`` (default 256),
-    ``stop``, ``chat_template``, and the ``SpecConfig`` fields (``method``,
+    ``stop``, ``chat_template``, an output constraint (``json_schema`` a
+    schema dict or its JSON text, ``regex``, ``grammar`` in Lark, or
+    ``json_object=True``), and the ``SpecConfig`` fields (``method``,
     ``k``, ``adaptive``, ``ngram_min``, ``ngram_max``, ``ngram_proposer``, ``memory``,
     ...). Greedy decoding.
     ``on_round`` receives a ``Round`` per round (profiling); each chunk
