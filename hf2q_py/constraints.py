@@ -188,9 +188,21 @@ class Constraint:
     def allowed(self, drafts: list[int]) -> int:
         """How many leading ``drafts`` the grammar allows, in order."""
         ok = 0
-        while ok < len(drafts) and 0 <= drafts[ok] < self.vocab:
+        while ok < len(drafts) and 0 <= drafts[ok] < self.vocab and drafts[ok] not in self.eos:
             ok += 1
-        return self.matcher.validate_tokens(list(drafts[:ok])) if ok else 0
+        n = self.matcher.validate_tokens(list(drafts[:ok])) if ok else 0
+        if n == ok < len(drafts) and drafts[ok] in self.eos and self._complete_after(drafts[:ok]):
+            n += 1  # an EOS draft where the text is complete ends the drafts
+        return n
+
+    def _complete_after(self, tokens: list[int]) -> bool:
+        """Whether the text is complete after ``tokens`` (allowed ones); the state is kept."""
+        if not tokens:
+            return self.matcher.is_accepting()
+        self.matcher.consume_tokens(list(tokens))
+        complete = self.matcher.is_accepting()
+        self.matcher.rollback(len(tokens))
+        return complete
 
     def commit(self, tokens: list[int]) -> None:
         """Advance by tokens the loop committed (each allowed by the last plan)."""
