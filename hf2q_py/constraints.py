@@ -293,7 +293,7 @@ def ll_tokenizer(tokenizer: Any, eos: list[int]) -> Any:
     import llguidance
     import llguidance.hf
 
-    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    hf = _hf_tokenizer(tokenizer)
     try:
         return llguidance.hf.from_tokenizer(hf, eos_token=eos)
     except Exception:  # noqa: BLE001 - a tokenizer kind llguidance cannot read: spell the tokens out
@@ -314,3 +314,9 @@ class _SpelledTokenizer:
 
     def __call__(self, text: str) -> list[int]:
         return list(self._hf.encode(text, add_special_tokens=False))
+
+
+def _hf_tokenizer(tokenizer: Any) -> Any:
+    """The Hugging Face tokenizer inside an mlx-lm ``TokenizerWrapper`` (or the tokenizer itself)."""
+    inner = getattr(tokenizer, "_tokenizer", None)
+    return inner if hasattr(inner, "apply_chat_template") else tokenizer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -70,17 +71,39 @@ def encode_prompt(target: Target, prompt: str | Sequence[int], chat_template: bo
     return ids
 
 
-def encode_messages(target: Target, messages: Sequence[dict[str, str]]) -> list[int]:
+def encode_messages(
+    target: Target,
+    messages: Sequence[dict[str, Any]],
+    *,
+    tools: Sequence[dict[str, Any]] | None = None,
+    prefix: str = "",
+) -> list[int]:
     """Token ids for a conversation (``{"role": ..., "content": ...}`` dicts,
-    roles system, user and assistant) through the model's chat template,
-    ending with the prompt for the assistant's next turn."""
+    roles system, user, assistant and, with tools, tool; an assistant message
+    may carry ``tool_calls``) through the model's chat template, ending with
+    the prompt for the assistant's next turn. ``tools`` (OpenAI function
+    definitions) go to the template; ``prefix`` is text the answer is made to
+    start with, after the generation prompt."""
     tok = _tokenizer(target)
     if not getattr(tok, "has_chat_template", False):
         raise Hf2qError("this model has no chat template: send the prompt as raw text (a text completion)")
     for m in messages:
         check_unicode(m["content"], f"a {m['role']} message")
+        if m.get("tool_calls"):
+            check_unicode(
+                json.dumps(m["tool_calls"], ensure_ascii=False), f"a {m['role']} message's tool_calls"
+            )
+    if tools:
+        check_unicode(json.dumps(list(tools), ensure_ascii=False), "tools")
+    extra = {"tools": list(tools)} if tools else {}
     try:
-        ids = tok.apply_chat_template(list(messages), add_generation_prompt=True)
+        if prefix:
+            text = tok.apply_chat_template(
+                list(messages), add_generation_prompt=True, tokenize=False, **extra
+            )
+            ids = tok.encode(text + prefix, add_special_tokens=False)
+        else:
+            ids = tok.apply_chat_template(list(messages), add_generation_prompt=True, **extra)
     except Exception as e:  # the template's own checks (role order, unknown roles) raise
         raise Hf2qError(f"the chat template refused these messages: {one_line(e)}") from None
     return _checked(target, list(ids))

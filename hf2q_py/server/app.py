@@ -8,6 +8,7 @@ never a traceback.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -27,7 +28,16 @@ from ..method_spec import parse_method
 from ..methods import method_named
 from .metrics import Metrics
 from .guard import Guard
-from .protocol import ERROR_TYPES, ChatRequest, CompletionRequest, Shape, error_body, speculation
+from .protocol import (
+    ERROR_TYPES,
+    ChatRequest,
+    CompletionRequest,
+    Shape,
+    error_body,
+    finish_reason,
+    speculation,
+)
+from .tool_calls import ToolCall, ToolUse, split_answer, tool_use
 from .worker import Busy, Failed, Finished, Job, Piece, Worker
 
 log = logging.getLogger("hf2q_py.server")
@@ -88,8 +98,9 @@ class Service:
         self.context = limit
 
     # -- requests --------------------------------------------------------------
-    def job(self, req: ChatRequest | CompletionRequest, loop) -> tuple[Job, str]:
-        """The worker job for a request and its method's label; raises ApiError."""
+    def job(self, req: ChatRequest | CompletionRequest, loop) -> tuple[Job, str, ToolUse | None]:
+        """The worker job for a request, its method's label and its use of
+        tools (None: the answer is plain text); raises ApiError."""
         if req.model is not None and req.model != self.config.model_name:
             raise ApiError(
                 404, f"the model {req.model!r} does not exist; this server has {self.config.model_name!r}",
@@ -98,25 +109,27 @@ class Service:
         problem = req.unsupported()
         if problem:
             raise ApiError(400, problem, code="unsupported_parameter")
+        chat = isinstance(req, ChatRequest)
         try:
-            ids = self._encode(req)
+            use = tool_use(self.target.tokenizer, req.tool_dicts(), req.choice(), req.parallel_tool_calls is not False) if chat else None  # fmt: skip
+            ids = self._encode(req, use)
             max_tokens = self._budget(len(ids), req.token_limit)
             label, options = self._method(req)
             config = make_config(
                 max_tokens=max_tokens, stop=req.stop_strings(), plain_first_token=req.stream, **options,
+                constraint=req.constraint() if chat else None, logprobs=req.logprob_count(),
                 **req.sampling(self.config.temperature),
             )  # fmt: skip
         except Hf2qError as e:
             raise ApiError(400, one_line(e, limit=1000)) from None
-        return Job(ids, config, loop), label
+        return Job(ids, config, loop), label, use
 
-    def _encode(self, req: ChatRequest | CompletionRequest) -> list[int]:
+    def _encode(self, req: ChatRequest | CompletionRequest, use: ToolUse | None) -> list[int]:
         if isinstance(req, ChatRequest):
-            messages = [
-                {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                for m in req.messages
-            ]
-            return encode_messages(self.target, messages)
+            messages = req.template_messages()
+            if use is None:
+                return encode_messages(self.target, messages)
+            return encode_messages(self.target, messages, tools=use.tools, prefix=use.prefix)
         return encode_prompt(self.target, req.prompt_input(), chat_template=False)
 
     def _budget(self, prompt_tokens: int, asked: int | None) -> int:
@@ -164,7 +177,7 @@ class Service:
         arrival = time.perf_counter()
         loop = asyncio.get_running_loop()
         try:
-            job, label = self.job(req, loop)
+            job, label, use = self.job(req, loop)
             self.worker.submit(job)
         except ApiError as e:
             return error_response(e.failure)
@@ -172,12 +185,19 @@ class Service:
             return error_response(Failed(503, str(e), "server_busy"))
         shape = Shape(chat, self.config.model_name, f"hf2q-py-{__version__}")
         if req.stream:
-            return await self._stream(job, shape, label, req, request, arrival)
+            return await self._stream(job, shape, label, req, request, arrival, use)
         return_tokens = bool(req.hf2q and req.hf2q.return_tokens)
-        return await self._whole(job, shape, label, request, arrival, return_tokens)
+        return await self._whole(job, shape, label, request, arrival, return_tokens, use)
 
     async def _whole(
-        self, job: Job, shape: Shape, label: str, request: Request, arrival: float, return_tokens: bool
+        self,
+        job: Job,
+        shape: Shape,
+        label: str,
+        request: Request,
+        arrival: float,
+        return_tokens: bool,
+        use: ToolUse | None,
     ) -> Response:
         gone = asyncio.ensure_future(_disconnected(request))
         text, tokens, ttft = [], [], None
@@ -194,7 +214,10 @@ class Service:
                     if event.cancelled:
                         return error_response(SHUTTING_DOWN)
                     self.metrics.finished(event.stats, ttft, time.perf_counter() - arrival)
-                    body = shape.response("".join(text), event.stats, label)
+                    answer, calls = "".join(text), None
+                    if use is not None:
+                        answer, calls = split_answer(use, answer)
+                    body = shape.response(answer, event.stats, label, calls)
                     if return_tokens:
                         body["hf2q"]["tokens"] = tokens
                     return JSONResponse(body)
@@ -205,7 +228,7 @@ class Service:
             job.cancel()
 
     async def _stream(
-        self, job: Job, shape: Shape, label: str, req, request: Request, arrival: float
+        self, job: Job, shape: Shape, label: str, req, request: Request, arrival: float, use: ToolUse | None
     ) -> Response:
         events = job.stream()
         gone = asyncio.ensure_future(_disconnected(request))
@@ -219,6 +242,21 @@ class Service:
         if isinstance(first, Failed):
             return error_response(first)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        splitter = use.splitter() if use is not None else None
+        call_index = itertools.count()
+
+        def deltas(text: str, final: bool = False) -> str:
+            """The chunks for new answer text: as it is, or split into content and tool calls."""
+            if splitter is None:
+                return _sse(shape.chunk(text, with_usage=include_usage)) if text else ""
+            pieces = splitter.feed(text) + (splitter.finish() if final else [])
+            out = []
+            for p in pieces:
+                if isinstance(p, ToolCall):
+                    out.append(_sse(shape.tool_chunk(p, next(call_index), with_usage=include_usage)))
+                else:
+                    out.append(_sse(shape.chunk(p, with_usage=include_usage)))
+            return "".join(out)
 
         async def sse() -> AsyncIterator[str]:
             ttft = None
@@ -230,8 +268,8 @@ class Service:
                     if isinstance(event, Piece):
                         if ttft is None and event.tokens:
                             ttft = time.perf_counter() - arrival
-                        if event.text:
-                            yield _sse(shape.chunk(event.text, with_usage=include_usage))
+                        if event.text and (out := deltas(event.text)):
+                            yield out
                     elif isinstance(event, Failed):
                         yield error_event(event)
                         return
@@ -247,9 +285,11 @@ class Service:
                 return error_event(SHUTTING_DOWN)
             stats = event.stats
             self.metrics.finished(stats, ttft, time.perf_counter() - arrival)
-            last = shape.chunk(None, stats.finish_reason or "stop", with_usage=include_usage)
+            out = deltas("", final=True)
+            called = splitter is not None and splitter.calls > 0
+            last = shape.chunk(None, finish_reason(stats, called), with_usage=include_usage)
             last["hf2q"] = speculation(stats, label)
-            out = _sse(last)
+            out += _sse(last)
             if include_usage:
                 out += _sse(shape.usage_chunk(stats))
             return out + "data: [DONE]\n\n"
@@ -344,4 +384,4 @@ def _validation_message(exc: RequestValidationError) -> str:
             if not loc
             else f"{where}: this field is required"
         )
-    return f"{where}: {one_line(e.get('msg', 'invalid'), limit=300)}"
+    return f"{where}: {one_line(e.get('msg', 'invalid'), limit=300).removeprefix('Value error, ')}"
