@@ -109,20 +109,25 @@ class Service:
         problem = req.unsupported()
         if problem:
             raise ApiError(400, problem, code="unsupported_parameter")
-        chat = isinstance(req, ChatRequest)
         try:
-            use = tool_use(self.target.tokenizer, req.tool_dicts(), req.choice(), req.parallel_tool_calls is not False) if chat else None  # fmt: skip
+            use = self._tool_use(req)
             ids = self._encode(req, use)
             max_tokens = self._budget(len(ids), req.token_limit)
             label, options = self._method(req)
             config = make_config(
                 max_tokens=max_tokens, stop=req.stop_strings(), plain_first_token=req.stream, **options,
-                constraint=req.constraint() if chat else None, logprobs=req.logprob_count(),
+                constraint=req.constraint(), logprobs=req.logprob_count(),
                 **req.sampling(self.config.temperature),
             )  # fmt: skip
         except Hf2qError as e:
             raise ApiError(400, one_line(e, limit=1000)) from None
         return Job(ids, config, loop), label, use
+
+    def _tool_use(self, req: ChatRequest | CompletionRequest) -> ToolUse | None:
+        if not isinstance(req, ChatRequest):
+            return None
+        parallel = req.parallel_tool_calls is not False
+        return tool_use(self.target.tokenizer, req.tool_dicts(), req.choice(), parallel)
 
     def _encode(self, req: ChatRequest | CompletionRequest, use: ToolUse | None) -> list[int]:
         if isinstance(req, ChatRequest):

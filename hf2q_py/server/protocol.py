@@ -145,6 +145,10 @@ class _Request(_Strict):
             return "logit_bias is not supported"
         return None
 
+    def constraint(self) -> ConstraintSpec | None:
+        """The output constraint the request asks for (text completions: none)."""
+        return None
+
     def stop_strings(self) -> tuple[str, ...]:
         stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         if len(stops) > MAX_STOP_STRINGS:
