@@ -75,7 +75,11 @@ START_SECONDS = 180
 
 def export_builtin(folder: Path) -> None:
     """The built-in model as an MLX folder: config.json, float32 weights, tokenizer."""
-    target = hf2q_py.load(dtype="float32")
+    export_target(hf2q_py.load(dtype="float32"), folder)
+
+
+def export_target(target, folder: Path) -> None:
+    """A loaded model (a GGUF's, say) as an MLX folder: config.json, its weights, tokenizer."""
     folder.mkdir(parents=True, exist_ok=True)
     cfg = dataclasses.asdict(target.model.args)
     cfg["eos_token_id"] = sorted(target.eos_token_ids)

@@ -36,6 +36,7 @@ _LAZY = {
     "GenerationChunk": "hf2q_py.generation",
     "GenerationConfig": "hf2q_py.config",
     "SpecConfig": "hf2q_py.config",
+    "ConstraintSpec": "hf2q_py.constraints",
     "GenerationStats": "hf2q_py.stats",
     "Proposer": "hf2q_py.proposers.base",
     "Hf2qError": "hf2q_py.errors",

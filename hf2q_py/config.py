@@ -7,9 +7,12 @@ from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Sequence
 
+from .constraints import ConstraintSpec
 from .errors import Hf2qError
 from .methods import SpecConfig
 from .sampling import MAX_TOP_LOGPROBS, SamplingConfig
+
+__all__ = ["MAX_TOP_LOGPROBS", "GenerationConfig", "SpecConfig"]
 from .validate import check_bool, check_int
 
 
@@ -25,6 +28,8 @@ class GenerationConfig:
     plain_first_token: bool = False
     spec: SpecConfig = field(default_factory=SpecConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    #: What the output must match (structured output), or None.
+    constraint: ConstraintSpec | None = None
     #: Keep each generated token's log-probability and this many most likely
     #: alternatives (0 to ``MAX_TOP_LOGPROBS``); None: none.
     logprobs: int | None = None
@@ -42,9 +47,13 @@ class GenerationConfig:
             raise Hf2qError("stop strings must not be empty")
         check_bool("chat_template", self.chat_template)
         check_bool("plain_first_token", self.plain_first_token)
+        self.spec.validate()
+        if self.constraint is not None:
+            if not isinstance(self.constraint, ConstraintSpec):
+                raise Hf2qError(f"constraint must be a ConstraintSpec, got {type(self.constraint).__name__}")
+            self.constraint.validate()
         if self.logprobs is not None:
             check_int("logprobs (top alternatives)", self.logprobs, 0, MAX_TOP_LOGPROBS)
-        self.spec.validate()
 
 
 def _iterable(value: Any) -> Any:

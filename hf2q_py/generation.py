@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from collections import deque
 from dataclasses import dataclass, field, fields, replace
@@ -9,6 +10,7 @@ from typing import Any
 from collections.abc import Callable, Iterator, Sequence
 
 from .config import GenerationConfig, SpecConfig
+from .constraints import ConstraintSpec
 from .distributed import agree_seed
 from .sampling import SamplingConfig, TokenLogprob, make_decider
 from .sequence import Sequence as Generation
@@ -21,6 +23,8 @@ from .target import _config_value as target_config_value
 
 _SPEC_FIELDS = {f.name for f in fields(SpecConfig)}
 _SAMPLING_FIELDS = {f.name for f in fields(SamplingConfig)}
+#: Options that make the config's ``constraint`` (``ConstraintSpec.from_options``).
+_CONSTRAINT_OPTIONS = ("json_schema", "regex", "grammar", "json_object")
 
 
 @dataclass
@@ -36,10 +40,14 @@ class GenerationChunk:
 
 @dataclass
 class GenerationResult:
+    """A finished generation: its tokens and text, the prompt's token ids,
+    statistics, and each token's log-probability when asked for."""
+
     tokens: list[int]
     text: str
     prompt_tokens: list[int]
     stats: GenerationStats = field(default_factory=GenerationStats)
+    logprobs: list[TokenLogprob] | None = None
 
     @property
     def finish_reason(self) -> str:
@@ -70,17 +78,39 @@ def encode_prompt(target: Target, prompt: str | Sequence[int], chat_template: bo
     return ids
 
 
-def encode_messages(target: Target, messages: Sequence[dict[str, str]]) -> list[int]:
+def encode_messages(
+    target: Target,
+    messages: Sequence[dict[str, Any]],
+    *,
+    tools: Sequence[dict[str, Any]] | None = None,
+    prefix: str = "",
+) -> list[int]:
     """Token ids for a conversation (``{"role": ..., "content": ...}`` dicts,
-    roles system, user and assistant) through the model's chat template,
-    ending with the prompt for the assistant's next turn."""
+    roles system, user, assistant and, with tools, tool; an assistant message
+    may carry ``tool_calls``) through the model's chat template, ending with
+    the prompt for the assistant's next turn. ``tools`` (OpenAI function
+    definitions) go to the template; ``prefix`` is text the answer is made to
+    start with, after the generation prompt."""
     tok = _tokenizer(target)
     if not getattr(tok, "has_chat_template", False):
         raise Hf2qError("this model has no chat template: send the prompt as raw text (a text completion)")
     for m in messages:
         check_unicode(m["content"], f"a {m['role']} message")
+        if m.get("tool_calls"):
+            check_unicode(
+                json.dumps(m["tool_calls"], ensure_ascii=False), f"a {m['role']} message's tool_calls"
+            )
+    if tools:
+        check_unicode(json.dumps(list(tools), ensure_ascii=False), "tools")
+    extra = {"tools": list(tools)} if tools else {}
     try:
-        ids = tok.apply_chat_template(list(messages), add_generation_prompt=True)
+        if prefix:
+            text = tok.apply_chat_template(
+                list(messages), add_generation_prompt=True, tokenize=False, **extra
+            )
+            ids = tok.encode(text + prefix, add_special_tokens=False)
+        else:
+            ids = tok.apply_chat_template(list(messages), add_generation_prompt=True, **extra)
     except Exception as e:  # the template's own checks (role order, unknown roles) raise
         raise Hf2qError(f"the chat template refused these messages: {one_line(e)}") from None
     return _checked(target, list(ids))
@@ -129,10 +159,23 @@ def make_config(**options: Any) -> GenerationConfig:
 
 
 def _split_options(options: dict[str, Any]) -> GenerationConfig:
+    options = dict(options)
+    asked = {k: options.pop(k) for k in _CONSTRAINT_OPTIONS if k in options}
+    if asked:
+        if options.get("constraint") is not None:
+            raise Hf2qError(f"give constraint= or {', '.join(asked)}=, not both")
+        options["constraint"] = ConstraintSpec.from_options(**asked)
     spec_opts = {k: v for k, v in options.items() if k in _SPEC_FIELDS}
     sampling_opts = {k: v for k, v in options.items() if k in _SAMPLING_FIELDS}
     gen_opts = {k: v for k, v in options.items() if k not in _SPEC_FIELDS | _SAMPLING_FIELDS}
-    unknown = set(gen_opts) - {"max_tokens", "stop", "chat_template", "plain_first_token", "logprobs"}
+    unknown = set(gen_opts) - {
+        "max_tokens",
+        "stop",
+        "chat_template",
+        "plain_first_token",
+        "constraint",
+        "logprobs",
+    }
     if unknown:
         raise Hf2qError(f"unknown option(s): {', '.join(sorted(unknown))}")
     if isinstance(gen_opts.get("stop"), str):
@@ -156,7 +199,9 @@ def stream_generate(
     """Generate and yield text as it is decoded.
 
     Options (or a ``GenerationConfig``): ``max_tokens`` (default 256),
-    ``stop``, ``chat_template``, and the ``SpecConfig`` fields (``method``,
+    ``stop``, ``chat_template``, an output constraint (``json_schema`` a
+    schema dict or its JSON text, ``regex``, ``grammar`` in Lark, or
+    ``json_object=True``), and the ``SpecConfig`` fields (``method``,
     ``k``, ``adaptive``, ``ngram_min``, ``ngram_max``, ``ngram_proposer``, ``memory``,
     ...). Greedy decoding.
     ``on_round`` receives a ``Round`` per round (profiling); each chunk
@@ -197,6 +242,7 @@ def make_sequence(
         policy=policy, eos_token_ids=target.eos_token_ids, stats=stats, on_round=on_round,
         decider=make_decider(sampling), plain_first_token=config.plain_first_token,
         logprobs=config.logprobs,
+        constraint=config.constraint.build(target) if config.constraint is not None else None,
     )  # fmt: skip
 
 
@@ -358,10 +404,13 @@ def generate(
     stats = GenerationStats(method=config.spec.method)
     tokens: list[int] = []
     text: list[str] = []
+    lps: list[TokenLogprob] | None = [] if config.logprobs is not None else None
     for chunk in _stream(target, ids, config, stats, on_round):
         tokens.extend(chunk.tokens)
         text.append(chunk.text)
-    return GenerationResult(tokens, "".join(text), ids, stats)
+        if lps is not None:
+            lps.extend(chunk.logprobs or ())
+    return GenerationResult(tokens, "".join(text), ids, stats, lps)
 
 
 def batch_generate(
@@ -410,12 +459,15 @@ class _Collect:
 
     def __init__(self, ids: list[int]):
         self.ids, self.tokens, self.text = ids, [], []
+        self.logprobs: list[TokenLogprob] | None = None
         self.stats: GenerationStats | None = None
         self.error: Hf2qError | None = None
 
     def chunk(self, chunk: GenerationChunk) -> None:
         self.tokens.extend(chunk.tokens)
         self.text.append(chunk.text)
+        if chunk.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + chunk.logprobs
 
     def done(self, stats: GenerationStats, error: Hf2qError | None = None) -> None:
         self.stats, self.error = stats, error
@@ -423,4 +475,4 @@ class _Collect:
     def result(self) -> GenerationResult:
         if self.error is not None:
             raise self.error
-        return GenerationResult(self.tokens, "".join(self.text), self.ids, self.stats)
+        return GenerationResult(self.tokens, "".join(self.text), self.ids, self.stats, self.logprobs)

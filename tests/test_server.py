@@ -254,6 +254,60 @@ def test_a_client_that_leaves_mid_stream_frees_the_worker_for_the_next_request(s
     assert time.perf_counter() - t0 < 30  # 1500 tokens would take minutes on this CPU
 
 
+# -- structured output and logprobs -----------------------------------------------
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+#: A prompt whose context holds JSON to copy drafts from.
+AS_JSON = 'Reply with JSON like {"name": "Bo", "age": 7}.\nDescribe Ada, who is 36.'
+
+
+def test_json_schema_and_json_object_answers_validate_and_speculation_still_drafts(client):
+    import jsonschema
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    r = chat(client, user(AS_JSON), max_tokens=64, response_format=fmt)
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+    assert r.model_extra["hf2q"]["drafted"] > 0
+    r = chat(client, user("Give me a JSON object describing a cat."), max_tokens=64,
+             response_format={"type": "json_object"})  # fmt: skip
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_logprobs_equal_the_in_process_generations_and_stream_alike(client, smol):
+    r = chat(client, user(EDIT), max_tokens=16, logprobs=True, top_logprobs=3, extra_body=TOKENS)
+    ids = hf2q_py.encode_prompt(smol, EDIT)
+    want = hf2q_py.generate(smol, ids, max_tokens=16, logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens == len(tokens_of(r))
+    if tokens_of(r) == want.tokens:
+        for got, e in zip(content, want.logprobs):
+            assert got.logprob == pytest.approx(e.logprob, abs=1e-3)
+            assert len(got.top_logprobs) == 3 and got.top_logprobs[0].logprob >= got.top_logprobs[-1].logprob
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=user(EDIT),
+        max_tokens=16,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        stream=True,
+    )
+    streamed = [
+        e for c in stream if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content
+    ]
+    assert [e.token for e in streamed] == [e.token for e in content]
+    text = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, logprobs=2)
+    lp = text.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == text.usage.completion_tokens
+    assert "".join(lp.tokens).lstrip() == text.choices[0].text  # mlx-lm's detokenizer drops a leading space
+
+
 # -- choosing the method ---------------------------------------------------------
 def test_a_request_chooses_its_method_in_the_hf2q_field(client):
     plain = chat(client, user(EDIT), extra_body={"hf2q": {"method": "baseline"}})
@@ -315,6 +369,7 @@ HOSTILE = [
     b'{"messages": [{"role": "user", "content": "hi"}], "stop": [""]}',
     b'{"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}',
     b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}',
+    b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}',
     b'{"messages": [{"role": "user", "content": "hi"}], "logprobs": true}',
     b'{"messages": [{"role": "user", "content": "hi"}], "hf2q": {"methd": "ngram"}}',
     b'{"messages": [{"role": "user", "content": "\\ud800"}]}',

@@ -8,6 +8,7 @@ never a traceback.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -27,7 +28,17 @@ from ..method_spec import parse_method
 from ..methods import method_named
 from .metrics import Metrics
 from .guard import Guard
-from .protocol import ERROR_TYPES, ChatRequest, CompletionRequest, Shape, error_body, speculation
+from .protocol import (
+    ERROR_TYPES,
+    ChatRequest,
+    CompletionRequest,
+    Shape,
+    error_body,
+    finish_reason,
+    speculation,
+)
+from .logprobs import LogprobWriter
+from .tool_calls import ToolCall, ToolUse, split_answer, tool_use
 from .worker import Busy, Failed, Finished, Job, Piece, Worker
 
 log = logging.getLogger("hf2q_py.server")
@@ -89,8 +100,9 @@ class Service:
         self.context = limit
 
     # -- requests --------------------------------------------------------------
-    def job(self, req: ChatRequest | CompletionRequest, loop) -> tuple[Job, str]:
-        """The worker job for a request and its method's label; raises ApiError."""
+    def job(self, req: ChatRequest | CompletionRequest, loop) -> tuple[Job, str, ToolUse | None]:
+        """The worker job for a request, its method's label and its use of
+        tools (None: the answer is plain text); raises ApiError."""
         if req.model is not None and req.model != self.config.model_name:
             raise ApiError(
                 404, f"the model {req.model!r} does not exist; this server has {self.config.model_name!r}",
@@ -100,24 +112,31 @@ class Service:
         if problem:
             raise ApiError(400, problem, code="unsupported_parameter")
         try:
-            ids = self._encode(req)
+            use = self._tool_use(req)
+            ids = self._encode(req, use)
             max_tokens = self._budget(len(ids), req.token_limit)
             label, options = self._method(req)
             config = make_config(
                 max_tokens=max_tokens, stop=req.stop_strings(), plain_first_token=req.stream, **options,
+                constraint=req.constraint(), logprobs=req.logprob_count(),
                 **req.sampling(self.config.temperature),
             )  # fmt: skip
         except Hf2qError as e:
             raise ApiError(400, one_line(e, limit=1000)) from None
-        return Job(ids, config, loop), label
+        return Job(ids, config, loop), label, use
 
-    def _encode(self, req: ChatRequest | CompletionRequest) -> list[int]:
+    def _tool_use(self, req: ChatRequest | CompletionRequest) -> ToolUse | None:
+        if not isinstance(req, ChatRequest):
+            return None
+        parallel = req.parallel_tool_calls is not False
+        return tool_use(self.target.tokenizer, req.tool_dicts(), req.choice(), parallel)
+
+    def _encode(self, req: ChatRequest | CompletionRequest, use: ToolUse | None) -> list[int]:
         if isinstance(req, ChatRequest):
-            messages = [
-                {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                for m in req.messages
-            ]
-            return encode_messages(self.target, messages)
+            messages = req.template_messages()
+            if use is None:
+                return encode_messages(self.target, messages)
+            return encode_messages(self.target, messages, tools=use.tools, prefix=use.prefix)
         return encode_prompt(self.target, req.prompt_input(), chat_template=False)
 
     def _budget(self, prompt_tokens: int, asked: int | None) -> int:
@@ -165,7 +184,7 @@ class Service:
         arrival = time.perf_counter()
         loop = asyncio.get_running_loop()
         try:
-            job, label = self.job(req, loop)
+            job, label, use = self.job(req, loop)
             self.worker.submit(job)
         except ApiError as e:
             return error_response(e.failure)
@@ -173,15 +192,22 @@ class Service:
             return error_response(Failed(503, str(e), "server_busy"))
         shape = Shape(chat, self.config.model_name, f"hf2q-py-{__version__}")
         if req.stream:
-            return await self._stream(job, shape, label, req, request, arrival)
+            return await self._stream(job, shape, label, req, request, arrival, use)
         return_tokens = bool(req.hf2q and req.hf2q.return_tokens)
-        return await self._whole(job, shape, label, request, arrival, return_tokens)
+        return await self._whole(job, shape, label, request, arrival, return_tokens, use)
 
     async def _whole(
-        self, job: Job, shape: Shape, label: str, request: Request, arrival: float, return_tokens: bool
+        self,
+        job: Job,
+        shape: Shape,
+        label: str,
+        request: Request,
+        arrival: float,
+        return_tokens: bool,
+        use: ToolUse | None,
     ) -> Response:
         gone = asyncio.ensure_future(_disconnected(request))
-        text, tokens, ttft = [], [], None
+        text, tokens, lps, ttft = [], [], [], None
         try:
             async for event in _until(job.stream(), gone):
                 if isinstance(event, Piece):
@@ -189,13 +215,21 @@ class Service:
                         ttft = time.perf_counter() - arrival
                     text.append(event.text)
                     tokens.extend(event.tokens)
+                    lps.extend(event.logprobs or ())
                 elif isinstance(event, Failed):
                     return error_response(event)
                 elif isinstance(event, Finished):
                     if event.cancelled:
                         return error_response(SHUTTING_DOWN)
                     self.metrics.finished(event.stats, ttft, time.perf_counter() - arrival)
-                    body = shape.response("".join(text), event.stats, label)
+                    answer, calls = "".join(text), None
+                    if use is not None:
+                        answer, calls = split_answer(use, answer)
+                    body = shape.response(answer, event.stats, label, calls)
+                    if job.config.logprobs is not None:
+                        body["choices"][0]["logprobs"] = LogprobWriter(
+                            self.target.tokenizer, shape.chat
+                        ).body(lps)
                     if return_tokens:
                         body["hf2q"]["tokens"] = tokens
                     return JSONResponse(body)
@@ -206,7 +240,7 @@ class Service:
             job.cancel()
 
     async def _stream(
-        self, job: Job, shape: Shape, label: str, req, request: Request, arrival: float
+        self, job: Job, shape: Shape, label: str, req, request: Request, arrival: float, use: ToolUse | None
     ) -> Response:
         events = job.stream()
         gone = asyncio.ensure_future(_disconnected(request))
@@ -220,6 +254,30 @@ class Service:
         if isinstance(first, Failed):
             return error_response(first)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        splitter = use.splitter() if use is not None else None
+        call_index = itertools.count()
+        writer = LogprobWriter(self.target.tokenizer, shape.chat) if job.config.logprobs is not None else None
+        held: list = []  # log-probabilities of tokens whose text is not out yet (held by the splitter)
+
+        def text_chunk(text: str) -> str:
+            chunk = shape.chunk(text, with_usage=include_usage)
+            if writer is not None and held:
+                chunk["choices"][0]["logprobs"] = writer.body(held)
+                held.clear()
+            return _sse(chunk)
+
+        def deltas(text: str, final: bool = False) -> str:
+            """The chunks for new answer text: as it is, or split into content and tool calls."""
+            if splitter is None:
+                return text_chunk(text) if text or held else ""
+            pieces = splitter.feed(text) + (splitter.finish() if final else [])
+            out = []
+            for p in pieces:
+                if isinstance(p, ToolCall):
+                    out.append(_sse(shape.tool_chunk(p, next(call_index), with_usage=include_usage)))
+                else:
+                    out.append(text_chunk(p))
+            return "".join(out)
 
         async def sse() -> AsyncIterator[str]:
             ttft = None
@@ -231,8 +289,9 @@ class Service:
                     if isinstance(event, Piece):
                         if ttft is None and event.tokens:
                             ttft = time.perf_counter() - arrival
-                        if event.text:
-                            yield _sse(shape.chunk(event.text, with_usage=include_usage))
+                        held.extend(event.logprobs or ())
+                        if (event.text or (held and splitter is None)) and (out := deltas(event.text)):
+                            yield out
                     elif isinstance(event, Failed):
                         yield error_event(event)
                         return
@@ -248,9 +307,13 @@ class Service:
                 return error_event(SHUTTING_DOWN)
             stats = event.stats
             self.metrics.finished(stats, ttft, time.perf_counter() - arrival)
-            last = shape.chunk(None, stats.finish_reason or "stop", with_usage=include_usage)
+            out = deltas("", final=True)
+            called = splitter is not None and splitter.calls > 0
+            last = shape.chunk(None, finish_reason(stats, called), with_usage=include_usage)
+            if writer is not None and held:  # tokens whose text never came out (tool calls)
+                last["choices"][0]["logprobs"] = writer.body(held)
             last["hf2q"] = speculation(stats, label)
-            out = _sse(last)
+            out += _sse(last)
             if include_usage:
                 out += _sse(shape.usage_chunk(stats))
             return out + "data: [DONE]\n\n"
@@ -345,4 +408,4 @@ def _validation_message(exc: RequestValidationError) -> str:
             if not loc
             else f"{where}: this field is required"
         )
-    return f"{where}: {one_line(e.get('msg', 'invalid'), limit=300)}"
+    return f"{where}: {one_line(e.get('msg', 'invalid'), limit=300).removeprefix('Value error, ')}"

@@ -4,19 +4,24 @@ Requests are validated strictly (a string is not a number); fields that
 OpenAI defines and the server cannot honour are refused by name when set to
 anything but their neutral value; fields it does not know are ignored.
 ``hf2q`` is this server's extension: ``{"method": "ngram:k=8"}`` chooses the
-method of one request.
+method of one request. Tools and tool history are checked here; the tool-call
+format and the answer's parsing are ``tool_calls``'s.
 """
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..config import MAX_TOP_LOGPROBS
+from ..constraints import ConstraintSpec
 from ..errors import Hf2qError
 from ..stats import GenerationStats
+from .tool_calls import ToolCall, history_arguments
 
 MAX_STOP_STRINGS = 16
 
@@ -30,14 +35,67 @@ class TextPart(_Strict):
     text: str
 
 
+#: OpenAI's rule for function names.
+FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+MAX_TOOLS = 128
+
+
+class FunctionCall(_Strict):
+    """A call in an assistant message of the history; ``arguments`` JSON text (or an object)."""
+
+    name: str = Field(pattern=FUNCTION_NAME)
+    arguments: str | dict[str, Any]
+
+
+class HistoryToolCall(_Strict):
+    id: str = Field(min_length=1, max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[HistoryToolCall] | None = Field(None, max_length=MAX_TOOLS)
+    tool_call_id: str | None = Field(None, min_length=1, max_length=256)
+
+    @model_validator(mode="after")
+    def _shape(self) -> Message:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("tool_calls: only an assistant message carries tool calls")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content: required (null only in an assistant message with tool_calls)")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("tool_call_id: a tool message names the call it answers")
+        return self
 
     def text(self) -> str:
-        """The content as one string (text parts joined)."""
+        """The content as one string (text parts joined; null is empty)."""
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class FunctionDef(_Strict):
+    name: str = Field(pattern=FUNCTION_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Strict):
+    name: str = Field(pattern=FUNCTION_NAME)
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(_Strict):
@@ -73,7 +131,6 @@ class _Request(_Strict):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    logprobs: Any = None
     user: str | None = None
     hf2q: Hf2qOptions | None = None
 
@@ -86,8 +143,10 @@ class _Request(_Strict):
                 return f"{name} is not supported (use repetition_penalty)"
         if self.logit_bias:
             return "logit_bias is not supported"
-        if self.logprobs not in (None, False, 0):
-            return "logprobs are not supported"
+        return None
+
+    def constraint(self) -> ConstraintSpec | None:
+        """The output constraint the request asks for (text completions: none)."""
         return None
 
     def stop_strings(self) -> tuple[str, ...]:
@@ -111,20 +170,113 @@ class _Request(_Strict):
 class ChatRequest(_Request):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
-    def unsupported(self) -> str | None:
-        if self.tools:
-            return "tools are not supported"
-        if self.response_format and self.response_format.get("type") != "text":
-            return "response_format: only the text format is supported"
-        return super().unsupported()
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _choice(cls, value: Any) -> Any:
+        if value is None or value in ("none", "auto", "required") or isinstance(value, dict):
+            return value
+        raise ValueError(
+            'must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
+        )
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        """The tools as the chat template and the parsers take them."""
+        return None if self.tools is None else [t.model_dump(exclude_none=True) for t in self.tools]
+
+    def choice(self) -> str | dict | None:
+        c = self.tool_choice
+        return c.model_dump() if isinstance(c, NamedToolChoice) else c
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        """The conversation for the chat template: ``developer`` as ``system``,
+        null content as empty text, call arguments as objects; a tool
+        message must answer a call of the assistant message before it."""
+        out: list[dict[str, Any]] = []
+        open_ids: set[str] = set()  # calls of the last assistant message with tool_calls
+        for i, m in enumerate(self.messages):
+            entry: dict[str, Any] = {
+                "role": "system" if m.role == "developer" else m.role,
+                "content": m.text(),
+            }
+            if m.name is not None:
+                entry["name"] = m.name
+            if m.tool_calls:
+                entry["tool_calls"] = [
+                    {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments":
+                     history_arguments(c.function.arguments, f"messages[{i}].tool_calls[{j}].function.arguments")}}
+                    for j, c in enumerate(m.tool_calls)
+                ]  # fmt: skip
+                open_ids = {c.id for c in m.tool_calls}
+            elif m.role == "tool":
+                if m.tool_call_id not in open_ids:
+                    raise Hf2qError(
+                        f"messages[{i}]: a tool message answers a call of the assistant message before it; "
+                        f"tool_call_id {m.tool_call_id!r} matches none"
+                    )
+                entry["tool_call_id"] = m.tool_call_id
+            elif m.role in ("user", "assistant"):
+                open_ids = set()
+            out.append(entry)
+        return out
+
+    def constraint(self) -> ConstraintSpec | None:
+        """The output constraint ``response_format`` asks for (None for text)."""
+        return response_constraint(self.response_format)
+
+    def logprob_count(self) -> int | None:
+        """Alternatives per token asked for (None: no logprobs)."""
+        if self.top_logprobs is not None and not self.logprobs:
+            raise Hf2qError("top_logprobs: needs logprobs: true")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+#: The legacy completions API's limit on ``logprobs``.
+MAX_COMPLETION_LOGPROBS = 5
+
+
+def response_constraint(fmt: dict[str, Any] | None) -> ConstraintSpec | None:
+    """``response_format`` as an output constraint; Hf2qError naming the field."""
+    if fmt is None:
+        return None
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ConstraintSpec("json_object")
+    if kind != "json_schema":
+        raise Hf2qError(f"response_format.type: must be text, json_object or json_schema, got {kind!r}")
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict):
+        raise Hf2qError("response_format.json_schema: required, an object with name and schema")
+    name = spec.get("name")
+    if not isinstance(name, str) or not re.fullmatch(FUNCTION_NAME, name):
+        raise Hf2qError("response_format.json_schema.name: required, 1-64 letters, digits, _ or -")
+    if not isinstance(spec.get("strict", False), (bool, type(None))):
+        raise Hf2qError("response_format.json_schema.strict: must be true or false")
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise Hf2qError(f"response_format.json_schema.schema: must be an object, got {type(schema).__name__}")
+    try:
+        constraint = ConstraintSpec.json_schema(schema)
+    except Hf2qError as e:
+        raise Hf2qError(
+            f"response_format.json_schema.schema: {str(e).removeprefix('json_schema: ')}"
+        ) from None
+    problem = constraint.problem()
+    if problem is not None:
+        raise Hf2qError(f"response_format.json_schema.schema: {problem}")
+    return constraint
 
 
 class CompletionRequest(_Request):
@@ -132,6 +284,10 @@ class CompletionRequest(_Request):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+
+    def logprob_count(self) -> int | None:
+        return self.logprobs
 
     def unsupported(self) -> str | None:
         if self.echo:
@@ -179,6 +335,12 @@ def usage(stats: GenerationStats) -> dict[str, Any]:
     }
 
 
+def finish_reason(stats: GenerationStats, called: bool) -> str:
+    """OpenAI's finish reason: ``tool_calls`` for an answer that ended on its own with calls."""
+    reason = stats.finish_reason or "stop"
+    return "tool_calls" if called and reason == "stop" else reason
+
+
 def speculation(stats: GenerationStats, method: str) -> dict[str, Any]:
     """The ``hf2q`` extension field of a response: what speculation did."""
     return {
@@ -224,11 +386,27 @@ class Shape:
             body["content"] = text
         return {"index": 0, "delta": body, "logprobs": None, "finish_reason": finish}
 
-    def response(self, text: str, stats: GenerationStats, method: str) -> dict[str, Any]:
+    def response(
+        self, text: str | None, stats: GenerationStats, method: str, calls: list[ToolCall] | None = None
+    ) -> dict[str, Any]:
+        """The whole answer; with ``calls``, the message carries them (content
+        null when empty) and a finished answer's reason is ``tool_calls``."""
         body = self._head("chat.completion" if self.chat else "text_completion")
-        body["choices"] = [self._choice(text, stats.finish_reason or "stop", delta=False)]
+        choice = self._choice(text, finish_reason(stats, bool(calls)), delta=False)
+        if calls:
+            choice["message"]["tool_calls"] = [c.openai() for c in calls]
+        body["choices"] = [choice]
         body["usage"] = usage(stats)
         body["hf2q"] = speculation(stats, method)
+        return body
+
+    def tool_chunk(self, call: ToolCall, index: int, *, with_usage: bool = False) -> dict[str, Any]:
+        """A stream's delta carrying one whole tool call (the ``index``-th)."""
+        body = self._head("chat.completion.chunk")
+        delta = {"tool_calls": [call.openai(index)]}
+        body["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]
+        if with_usage:
+            body["usage"] = None
         return body
 
     def chunk(

@@ -246,9 +246,49 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--max-tokens", type=_positive_int, default=256)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--no-chat-template", action="store_true", help="send the prompt as raw text")
+    add_constraint_args(g)
     add_spec_args(g)
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     g.add_argument("--profile", action="store_true", help="print one line per round to stderr")
+
+
+def add_constraint_args(p: argparse.ArgumentParser) -> None:
+    """Structured output: what the generated text must match (one of these)."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--json-schema", default=None, metavar="FILE_OR_JSON", help="a JSON schema the output follows"
+    )
+    group.add_argument("--json-object", action="store_true", help="the output is one JSON object")
+    group.add_argument("--regex", default=None, help="a regular expression the whole output matches")
+    group.add_argument(
+        "--grammar",
+        default=None,
+        metavar="FILE_OR_TEXT",
+        help="a Lark grammar (llguidance's) the output follows",
+    )
+
+
+def constraint_options(args: argparse.Namespace) -> dict:
+    """The constraint flags as generation options (schema and grammar files read)."""
+    if args.json_schema is not None:
+        text = args.json_schema
+        if not text.lstrip().startswith("{"):
+            text = read_text(text, "--json-schema file")
+        try:
+            schema = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise Hf2qError(f"--json-schema: not valid JSON ({e})") from None
+        return {"json_schema": schema}
+    if args.json_object:
+        return {"json_object": True}
+    if args.regex is not None:
+        return {"regex": args.regex}
+    if args.grammar is not None:
+        text = args.grammar
+        if os.path.isfile(os.path.expanduser(text)):
+            text = read_text(os.path.expanduser(text), "--grammar file")
+        return {"grammar": text}
+    return {}
 
 
 def add_ab_parser(sub: argparse._SubParsersAction) -> None:
@@ -653,6 +693,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         stop=tuple(args.stop),
         chat_template=not args.no_chat_template,
+        **constraint_options(args),
         **spec.options,
         **sampling_options(args),
     )

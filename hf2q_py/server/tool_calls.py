@@ -1,0 +1,437 @@
+"""Tool calls: how a chat request's tools reach the model, and how the
+model's answer is split into content and calls.
+
+The tool-call format is chosen as mlx-lm chooses it (the parser a checkpoint
+names, else the markers its chat template or vocabulary holds; the parsers
+are mlx-lm's own, ``mlx_lm.tool_parsers``), plus what mlx-lm lacks: Llama
+3.x's bare JSON calls, Hermes-style ``<tool_call>`` templates mlx-lm does
+not recognise, and, for every model, a call written as JSON naming one of
+the request's tools, alone or in a fenced ```` ```json ```` block (how
+Qwen2.5-Coder answers; Ollama reads it the same way).
+
+``tool_choice``: ``auto`` renders the tools; ``none`` renders without
+them and parses nothing; ``required`` and a named function start the
+answer with the format's call opening (``<tool_call>\\n`` and, named,
+``{"name": "NAME", "arguments": ``), so the model writes the call's rest;
+formats without a known opening refuse them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import secrets
+import string
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import Hf2qError, one_line
+
+#: A parser as mlx-lm's: the text between the markers, and the request's tools
+#: -> ``{"name", "arguments"}`` or a list of them; raises on what it cannot read.
+Parser = Callable[[str, Any], Any]
+FENCE, FENCE_END = "```json", "```"
+PYTHON_TAG = "<|python_tag|>"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # JSON text
+    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+
+    def openai(self, index: int | None = None) -> dict[str, Any]:
+        """OpenAI's ``tool_calls`` entry (with ``index`` in a stream's delta)."""
+        body = {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+        return body if index is None else {"index": index, **body}
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """A model family's tool-call syntax: where a call starts and ends in the
+    text (``end`` empty: at the end of the answer), its parser, and the
+    openings that force a call (``required``) or a named one (``named``)."""
+
+    name: str
+    start: str = ""
+    end: str = ""
+    parse: Parser | None = None
+    required: str | None = None
+    named: Callable[[str], str] | None = None
+    mistral_ids: bool = False
+
+
+#: Openings that force a call, per mlx-lm parser (and ours): (required, named).
+_OPENINGS: dict[str, tuple[str, Callable[[str], str]]] = {
+    "json_tools": ("<tool_call>\n", lambda n: f'<tool_call>\n{{"name": "{n}", "arguments": '),
+    "qwen3_coder": ("<tool_call>\n<function=", lambda n: f"<tool_call>\n<function={n}>\n"),
+    "pythonic": ("<|tool_call_start|>[", lambda n: f"<|tool_call_start|>[{n}("),
+    "gemma4": ("<|tool_call>call:", lambda n: f"<|tool_call>call:{n}{{"),
+    "function_gemma": ("<start_function_call>call:", lambda n: f"<start_function_call>call:{n}{{"),
+    "llama3_json": ('{"name": "', lambda n: f'{{"name": "{n}", "parameters": '),
+}
+
+
+def tool_format(tokenizer: Any) -> ToolFormat | None:
+    """The tool-call format of a tokenizer (an mlx-lm ``TokenizerWrapper``), or
+    None when none is known (then only JSON calls naming a tool are read)."""
+    hf = _hf_tokenizer(tokenizer)
+    template = getattr(hf, "chat_template", None)
+    template = template if isinstance(template, str) else ""
+    name = (getattr(hf, "init_kwargs", None) or {}).get("tool_parser_type") or _mlx_lm_guess(hf)
+    if name is None and (PYTHON_TAG in template or "ipython" in template):
+        name = "llama3_json"
+    if name is None and "<tool_call>" in template:
+        name = "json_tools"  # Hermes-style templates that mlx-lm does not name
+    if name is None:
+        return None
+    if name == "llama3_json":
+        required, named = _OPENINGS[name]
+        return ToolFormat(name, required=required, named=named)
+    try:
+        module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
+    except ImportError:
+        return None
+    required, named = _OPENINGS.get(name, (None, None))
+    if name == "mistral":
+        required = "[TOOL_CALLS]"
+        if "[ARGS]" in template:
+            named = lambda n: f"[TOOL_CALLS]{n}[ARGS]"  # noqa: E731
+        else:
+            named = lambda n: f'[TOOL_CALLS][{{"name": "{n}", "arguments": '  # noqa: E731
+    return ToolFormat(
+        name,
+        start=module.tool_call_start,
+        end=module.tool_call_end,
+        parse=module.parse_tool_call,
+        required=required,
+        named=named,
+        mistral_ids=name == "mistral",
+    )
+
+
+def _mlx_lm_guess(hf: Any) -> str | None:
+    """mlx-lm's own guess from the template and vocabulary (None if it has none)."""
+    try:
+        from mlx_lm.tokenizer_utils import _infer_tool_parser
+    except ImportError:
+        return None
+    try:
+        return _infer_tool_parser(hf)
+    except Exception:  # noqa: BLE001 - a tokenizer mlx-lm cannot inspect has no known format
+        return None
+
+
+# -- the request's side ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class ToolUse:
+    """How one chat request uses tools: the tool definitions for the chat
+    template, the format the answer is read in, and the text the answer is
+    made to start with (``prefix``, part of the prompt)."""
+
+    tools: list[dict[str, Any]]
+    names: frozenset[str]
+    format: ToolFormat | None
+    prefix: str = ""
+    parallel: bool = True
+
+    def splitter(self) -> AnswerSplitter:
+        return AnswerSplitter(self)
+
+    def new_id(self) -> str:
+        if self.format is not None and self.format.mistral_ids:
+            return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
+        return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def tool_use(
+    tokenizer: Any, tools: list[dict[str, Any]] | None, choice: str | dict | None, parallel: bool = True
+) -> ToolUse | None:
+    """The request's use of tools, or None (no tools, or ``tool_choice: none``:
+    the prompt is rendered without tools and the answer is plain text).
+    Raises Hf2qError naming the field for what this model cannot do."""
+    choice = "auto" if choice is None else choice
+    if not tools:
+        if choice in ("auto", "none"):
+            return None
+        raise Hf2qError("tool_choice: a required or named tool call needs tools")
+    if choice == "none":
+        return None
+    if not renders_tools(tokenizer):
+        raise Hf2qError(
+            "tools: this model's chat template does not render tools (it has no tool support), "
+            "so the model cannot be told about them"
+        )
+    names = frozenset(t["function"]["name"] for t in tools)
+    fmt = tool_format(tokenizer)
+    prefix = ""
+    if choice != "auto":
+        label = "required" if choice == "required" else f"the function {choice['function']['name']!r}"
+        if choice != "required" and choice["function"]["name"] not in names:
+            raise Hf2qError(
+                f"tool_choice: the function {choice['function']['name']!r} is not among the tools"
+            )
+        opening = fmt.required if fmt is not None and choice == "required" else None
+        if choice != "required" and fmt is not None and fmt.named is not None:
+            opening = fmt.named(choice["function"]["name"])
+        if opening is None:
+            kind = fmt.name if fmt is not None else "unknown"
+            raise Hf2qError(
+                f"tool_choice: {label} is not supported for this model's tool-call format ({kind}); use auto"
+            )
+        prefix = opening
+    return ToolUse(list(tools), names, fmt, prefix, parallel)
+
+
+#: Whether each chat template renders tools, by template text.
+_RENDERS_TOOLS: dict[str, bool] = {}
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "hf2q_probe_tool",
+        "description": "probe",
+        "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+    },
+}
+
+
+def renders_tools(tokenizer: Any) -> bool:
+    """Whether the chat template puts tools in the prompt (a template that
+    ignores ``tools`` renders a conversation the same with and without)."""
+    hf = _hf_tokenizer(tokenizer)
+    template = getattr(hf, "chat_template", None)
+    if not isinstance(template, str):
+        return False
+    if template not in _RENDERS_TOOLS:
+        messages = [{"role": "user", "content": "hello"}]
+        try:
+            bare = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            with_tools = hf.apply_chat_template(
+                messages, tools=[_PROBE_TOOL], add_generation_prompt=True, tokenize=False
+            )
+            _RENDERS_TOOLS[template] = with_tools != bare
+        except Exception:  # noqa: BLE001 - a template that fails on tools cannot take them
+            _RENDERS_TOOLS[template] = False
+    return _RENDERS_TOOLS[template]
+
+
+# -- the answer's side -----------------------------------------------------------------------
+Piece = str | ToolCall  # content text, or one call
+
+
+class AnswerSplitter:
+    """Splits an answer, as its text streams in, into content and tool calls.
+
+    Content is given out as soon as no call can begin in it; from where a
+    call may begin (a marker, or a prefix of one; a fenced JSON block; a
+    JSON value opening the answer), text is held until the call ends and is
+    read: a call that reads becomes a ``ToolCall``, one that does not is
+    given out as content. Whitespace between calls is dropped. ``feed`` and
+    ``finish`` give the same pieces however the text was cut.
+    """
+
+    def __init__(self, use: ToolUse):
+        self.use = use
+        fmt = use.format
+        self.start = fmt.start if fmt is not None else ""
+        self.end = fmt.end if fmt is not None else ""
+        self.buf = use.prefix
+        self.mode = "text"  # "text", "call" (after start), "fence" (after ```json), "bare" (JSON answer)
+        self.opened = False  # anything (content or a call) given out yet
+        self.space = ""  # whitespace held back: dropped if a call follows
+        self.calls = 0
+
+    # -- feeding -----------------------------------------------------------------
+    def feed(self, text: str) -> list[Piece]:
+        self.buf += text
+        out: list[Piece] = []
+        while self._step(out, final=False):
+            pass
+        return out
+
+    def finish(self) -> list[Piece]:
+        """What is left once the answer ended (an unended call is read as it is)."""
+        out: list[Piece] = []
+        while self._step(out, final=True):
+            pass
+        if self.mode != "text" and self.buf:
+            self._read(self.buf, out)
+        elif self.buf:
+            self._content(self.buf, out)
+        self.buf, self.mode = "", "text"
+        if self.space and not self.calls:
+            out.append(self.space)
+        self.space = ""
+        return out
+
+    def _step(self, out: list[Piece], final: bool) -> bool:
+        """One decision on the held text; False when more text is needed."""
+        if self.mode == "call":
+            if not self.end:
+                return False  # this format's call runs to the end of the answer
+            stop = self.buf.find(self.end, len(self.start))
+            if stop < 0:
+                return False
+            self._read(self.buf[: stop + len(self.end)], out)
+            self.buf, self.mode = self.buf[stop + len(self.end) :], "text"
+            return True
+        if self.mode == "fence":
+            stop = self.buf.find(FENCE_END, len(FENCE))
+            if stop < 0:
+                return False
+            self._read(self.buf[: stop + len(FENCE_END)], out)
+            self.buf, self.mode = self.buf[stop + len(FENCE_END) :], "text"
+            return True
+        if self.mode == "bare":
+            return False  # read at the end
+        if not self.opened and not self.calls:
+            head = (self.space + self.buf).lstrip()
+            own_marker = bool(self.start) and (head.startswith(self.start) or self.start.startswith(head))
+            if head.startswith(("{", "[", PYTHON_TAG)) and not own_marker:
+                self.buf, self.space, self.mode = self.space + self.buf, "", "bare"
+                return False
+            if not head:
+                self.space, self.buf = self.space + self.buf, ""
+                return False
+            if PYTHON_TAG.startswith(head) and not final:
+                return False  # perhaps Llama's tag opening a call: wait
+        markers = [m for m in (self.start, FENCE) if m]
+        hits = [(i, m) for m in markers if (i := self.buf.find(m)) >= 0]
+        if hits:
+            i, marker = min(hits)
+            self._content(self.buf[:i], out)
+            self.buf, self.mode = self.buf[i:], "call" if marker == self.start else "fence"
+            return True
+        keep = 0 if final else _partial_marker(self.buf, markers)
+        self._content(self.buf[: len(self.buf) - keep], out)
+        self.buf = self.buf[len(self.buf) - keep :]
+        return False
+
+    # -- giving out --------------------------------------------------------------
+    def _content(self, text: str, out: list[Piece]) -> None:
+        """Give out content; trailing whitespace is held (a call may follow)."""
+        body = text.rstrip()
+        if body:
+            out.append(self.space + body)
+            self.space, self.opened = "", True
+        self.space += text[len(body) :]
+
+    def _read(self, text: str, out: list[Piece]) -> None:
+        """A call's text: its calls, or (unreadable) the text as content."""
+        calls = self._parse(text)
+        if calls is None:
+            self._content(text, out)
+            return
+        self.space = ""
+        for c in calls:
+            if self.use.parallel or self.calls == 0:
+                out.append(c)
+                self.calls += 1
+
+    def _parse(self, text: str) -> list[ToolCall] | None:
+        try:
+            if self.mode == "fence":
+                inner = text[len(FENCE) :]
+                found = _named_json(
+                    inner[: -len(FENCE_END)] if inner.endswith(FENCE_END) else inner, self.use.names
+                )
+            elif self.mode == "bare":
+                found = _named_json(text.strip().removeprefix(PYTHON_TAG), self.use.names)
+            else:
+                inner = text[len(self.start) :]
+                if self.end and inner.endswith(self.end):
+                    inner = inner[: -len(self.end)]
+                found = _as_list(self.use.format.parse(inner, self.use.tools))
+        except Exception:  # noqa: BLE001 - unreadable tool text is content, never a failure
+            return None
+        if not found:
+            return None
+        try:
+            return [
+                ToolCall(c["name"], json.dumps(_arguments(c), ensure_ascii=False), self._id(c)) for c in found
+            ]
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def _id(self, call: dict) -> str:
+        given = call.get("id")
+        return given if isinstance(given, str) and given else self.use.new_id()
+
+
+def _as_list(parsed: Any) -> list[dict]:
+    calls = parsed if isinstance(parsed, list) else [parsed]
+    if not all(isinstance(c, dict) and isinstance(c.get("name"), str) and c["name"] for c in calls):
+        raise ValueError("not a tool call")
+    return calls
+
+
+def _arguments(call: dict) -> dict:
+    args = call.get("arguments", call.get("parameters", {}))
+    if isinstance(args, str):
+        args = json.loads(args)
+    if not isinstance(args, dict):
+        raise ValueError("arguments are not an object")
+    return args
+
+
+def _named_json(text: str, names: frozenset[str]) -> list[dict] | None:
+    """JSON calls naming a tool: one object, a list of them, or objects one after
+    another (``;`` or whitespace between, as Llama 3.x writes several); None
+    when the text holds anything else."""
+    decoder, calls, pos, text = json.JSONDecoder(), [], 0, text.strip()
+    while pos < len(text):
+        value, pos = decoder.raw_decode(text, pos)
+        calls.extend(value if isinstance(value, list) else [value])
+        while pos < len(text) and (text[pos].isspace() or text[pos] == ";"):
+            pos += 1
+    for c in calls:
+        if not isinstance(c, dict) or c.get("name") not in names:
+            return None
+        if not isinstance(c.get("arguments", c.get("parameters")), (dict, str)):
+            return None
+    return calls or None
+
+
+def _partial_marker(text: str, markers: Sequence[str]) -> int:
+    """The length of the longest end of ``text`` that begins a marker."""
+    best = 0
+    for m in markers:
+        for n in range(min(len(m) - 1, len(text)), best, -1):
+            if text.endswith(m[:n]):
+                best = n
+                break
+    return best
+
+
+def split_answer(use: ToolUse, text: str) -> tuple[str | None, list[ToolCall]]:
+    """A whole answer's content (None when empty) and tool calls."""
+    splitter = use.splitter()
+    pieces = splitter.feed(text) + splitter.finish()
+    content = "".join(p for p in pieces if isinstance(p, str))
+    return (content or None), [p for p in pieces if isinstance(p, ToolCall)]
+
+
+# -- history for the chat template ---------------------------------------------------------------
+def history_arguments(arguments: str | dict, where: str) -> dict:
+    """A call's arguments in the conversation as the dict templates expect."""
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except json.JSONDecodeError as e:
+        raise Hf2qError(f"{where}: not valid JSON ({one_line(e)})") from None
+    if not isinstance(value, dict):
+        raise Hf2qError(f"{where}: the arguments must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _hf_tokenizer(tokenizer: Any) -> Any:
+    """The Hugging Face tokenizer inside an mlx-lm ``TokenizerWrapper`` (or the tokenizer itself)."""
+    inner = getattr(tokenizer, "_tokenizer", None)
+    return inner if hasattr(inner, "apply_chat_template") else tokenizer
