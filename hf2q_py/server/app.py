@@ -89,12 +89,9 @@ class Service:
 
     # -- requests --------------------------------------------------------------
     def job(self, req: ChatRequest | CompletionRequest, loop) -> tuple[Job, str]:
-        """The worker job for a request and its method's label; raises ApiError."""
-        if req.model is not None and req.model != self.config.model_name:
-            raise ApiError(
-                404, f"the model {req.model!r} does not exist; this server has {self.config.model_name!r}",
-                "model_not_found",
-            )  # fmt: skip
+        """The worker job for a request and its method's label; raises ApiError.
+        The request's ``model`` may name anything: the server has one model,
+        and the response names it."""
         problem = req.unsupported()
         if problem:
             raise ApiError(400, problem, code="unsupported_parameter")
@@ -298,7 +295,8 @@ def create_app(worker: Worker, config: ServerConfig) -> Any:
 
     @app.get("/v1/models")
     async def models() -> dict:
-        card = {"id": config.model_name, "object": "model", "created": 0, "owned_by": "hf2q-py"}
+        card = {"id": config.model_name, "object": "model", "created": 0, "owned_by": "hf2q-py",
+                "max_model_len": service.context}  # fmt: skip
         return {"object": "list", "data": [card]}
 
     @app.get("/health")
