@@ -153,8 +153,8 @@ def stream_generate(
     """Generate and yield text as it is decoded.
 
     Options (or a ``GenerationConfig``): ``max_tokens`` (default 256),
-    ``stop``, ``chat_template``, and the ``SpecConfig`` fields (``method``,
-    ``k``, ``adaptive``, ``ngram_min``, ``ngram_max``, ``ngram_proposer``, ``memory``,
+    ``stop``, ``chat_template``, and the ``SpecConfig`` fields (``method``:
+    ``ngram`` unless given, ``baseline`` for plain decoding; ``k``, ``adaptive``, ``ngram_min``, ``ngram_max``, ``ngram_proposer``, ``memory``,
     ...). Greedy decoding.
     ``on_round`` receives a ``Round`` per round (profiling); each chunk
     carries the live ``GenerationStats`` (``stats``, if given, is filled),
@@ -283,18 +283,20 @@ def generate(
     prompt: str | Sequence[int],
     *,
     max_tokens: int = 256,
-    method: str = "baseline",
+    method: str = "ngram",
     on_round: Callable[[Round], None] | None = None,
     config: GenerationConfig | None = None,
     **options: Any,
 ) -> GenerationResult:
-    """Generate a completion; returns tokens, text and statistics.
+    """Generate a completion; returns tokens, text and statistics. The
+    method is ``ngram`` (speculation from copies) unless ``method`` says
+    otherwise (``"baseline"``: plain decoding).
 
     See :func:`stream_generate` for the options.
     """
     if config is None:
         config = make_config(max_tokens=max_tokens, method=method, **options)
-    elif options or max_tokens != 256 or method != "baseline":
+    elif options or max_tokens != 256 or method != "ngram":
         raise Hf2qError("pass either config= or keyword options, not both")
     elif not isinstance(config, GenerationConfig):
         raise Hf2qError(f"config must be a GenerationConfig, got {type(config).__name__}")
