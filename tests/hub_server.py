@@ -240,9 +240,10 @@ def tiny_mlx_files(seed: int = 0, vocab_size: int = 512) -> dict[str, bytes]:
     import tempfile
     from pathlib import Path
 
+    from models import CONFIGS, tiny_model  # imports hf2q_py before mlx
+
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from models import CONFIGS, tiny_model
 
     cfg = dict(CONFIGS["llama"], vocab_size=vocab_size, max_position_embeddings=4096)
     model = tiny_model(cfg, seed)
@@ -284,6 +285,26 @@ def _tokenizer_files(vocab_size: int) -> tuple[bytes, bytes]:
         "chat_template": template,
     }
     return tok.to_str().encode(), json.dumps(config).encode()
+
+
+def tiny_drafter_files(model_files: dict[str, bytes]) -> dict[str, bytes]:
+    """A DFlash drafter folder's files for the model of ``model_files`` (random weights)."""
+    import tempfile
+    from pathlib import Path
+
+    import hf2q_py
+    from hf2q_py.tools.dflash_make import drafter_for, save_drafter
+
+    with tempfile.TemporaryDirectory() as d:
+        for name, data in model_files.items():
+            (Path(d) / "model" / name).parent.mkdir(parents=True, exist_ok=True)
+            (Path(d) / "model" / name).write_bytes(data)
+        target = hf2q_py.load(Path(d) / "model", progress=False)
+        save_drafter(
+            drafter_for(target, layers=1, block_size=4, target_layer_ids=[0, 2]), Path(d) / "drafter"
+        )
+        files = {p.name: p.read_bytes() for p in (Path(d) / "drafter").iterdir()}
+    return {**files, "README.md": b"# a drafter\n"}
 
 
 def tiny_gguf_files(quants=("Q8_0", "Q4_0", "F16"), split: str | None = None, stem: str = "tiny") -> dict:

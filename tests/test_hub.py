@@ -14,7 +14,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from hub_server import TOKEN, Cut, Hub, tiny_gguf_files, tiny_mlx_files
+from hub_server import TOKEN, Cut, Hub, tiny_drafter_files, tiny_gguf_files, tiny_mlx_files
 from server_process import running_server
 
 from hf2q_py.errors import ModelLoadError
@@ -116,6 +116,7 @@ def hub():
     mlx, ggufs = tiny_mlx_files(), tiny_gguf_files(split="Q4_0")
     with Hub() as h:
         h.add("owner/tiny-mlx-model", mlx)
+        h.add("owner/tiny-drafter", tiny_drafter_files(mlx))
         h.add("owner/tiny-gguf-repo", ggufs)
         h.add("owner/cut-model", tiny_mlx_files(vocab_size=48_000))  # weights past one download chunk
         h.add("owner/broken-model", mlx)
@@ -178,6 +179,43 @@ def test_a_quantization_downloads_only_its_file_and_works_offline_after(hub, tmp
     offline = generate(env(tmp_path, GONE, offline=True), "owner/tiny-gguf-repo:Q8_0", "--json")
     assert offline.returncode == 0, offline.stderr
     assert json.loads(offline.stdout)["tokens"] == json.loads(first.stdout)["tokens"]
+    assert_one_line(  # another quantization, with the hub gone: the cache does not hold it
+        generate(env(tmp_path, GONE), "owner/tiny-gguf-repo:Q4_0"), "not in the local", "cannot be reached"
+    )
+
+
+def test_a_drafter_and_a_draft_model_come_from_the_hub_too(hub, tmp_path):
+    dflash = generate(
+        env(tmp_path, hub.url),
+        "owner/tiny-mlx-model",
+        "--method",
+        "dflash",
+        "--drafter",
+        "owner/tiny-drafter",
+    )
+    assert dflash.returncode == 0, dflash.stderr
+    assert set(fetched(hub, "owner/tiny-drafter")) == {"config.json", "model.safetensors"}  # not the README
+    draft = generate(
+        env(tmp_path, GONE, offline=True),
+        "owner/tiny-mlx-model",
+        "--method",
+        "draft",
+        "--draft-model",
+        "owner/tiny-mlx-model",
+    )
+    assert draft.returncode == 0, draft.stderr
+    assert_one_line(
+        generate(
+            env(tmp_path, hub.url),
+            "owner/tiny-mlx-model",
+            "--method",
+            "dflash",
+            "--drafter",
+            "owner/no-drafter",
+        ),
+        "--drafter",
+        "no such model on the hub",
+    )
 
 
 def test_a_split_gguf_downloads_every_part(hub, tmp_path):
@@ -204,9 +242,7 @@ def test_offline_a_model_not_in_the_cache_is_one_line_and_asks_the_hub_nothing(h
         ("owner/no-such-model", ["no such model on the hub"]),
         ("owner/private-model", ["no such model on the hub", "private", "HF_TOKEN"]),
         ("owner/gated-model", ["gated model", "accept its terms", "HF_TOKEN"]),
-        ("owner/tiny-gguf-repo", ["several GGUF models", "F16, Q4_0, Q8_0"]),
-        ("owner/tiny-gguf-repo:Q5_K_M", ["no Q5_K_M GGUF file"]),
-        ("owner/tiny-gguf-repo/tiny-Q2_K.gguf", ["no file tiny-Q2_K.gguf"]),
+        ("owner/tiny-gguf-repo", ["several GGUF models", "F16, Q4_0, Q8_0"]),  # the rest: choose_gguf's tests
     ],
 )
 def test_names_that_name_nothing_readable_are_one_line_errors(hub, tmp_path, model, words):

@@ -73,10 +73,6 @@ class GGUFModel:
     files: tuple[str, ...]
     quant: str
 
-    @property
-    def label(self) -> str:
-        return self.quant or self.files[0]
-
 
 # -- names ------------------------------------------------------------------------------
 def parse_source(source: str | Path) -> Path | HubName:
@@ -194,6 +190,15 @@ def _listing(models: list[GGUFModel], name: HubName) -> str:
 
 
 # -- getting files ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class RepoFiles:
+    """A repo's file names, as the hub lists them, or (``cached``: why) as
+    the local cache holds them."""
+
+    files: list[str]
+    cached: str | None = None
+
+
 def resolve(
     source: str | Path, *, offline: bool = False, progress: bool = False, patterns: list[str] | None = None
 ) -> Path:
@@ -206,60 +211,66 @@ def resolve(
     found = parse_source(source)
     if isinstance(found, Path):
         return found
-    offline = offline or _offline_env()
-    files = _repo_files(found, offline)
-    if found.quant is None and found.file is None and (patterns is not None or is_folder_repo(files)):
-        return _folder(found, patterns or MODEL_PATTERNS, offline, progress)
-    model = choose_gguf(found, files)
-    paths = [_file(found, f, offline, progress) for f in model.files]
-    return paths[0]
+    repo = repo_files(found, offline or _offline_env())
+    if _is_folder(found, repo, patterns):
+        return _folder(found, patterns or MODEL_PATTERNS, repo.cached, progress)
+    return [_file(found, f, repo.cached, progress) for f in _choose(found, repo).files][0]
 
 
 def check(source: str | Path, *, offline: bool = False, patterns: list[str] | None = None) -> None:
     """Refuse, without downloading, a hub name that names nothing: a missing
-    repo, file or quantization, or (offline) a model not in the cache.
+    repo, file or quantization, or (from the cache) a model not all there.
     ``patterns``: the name is a folder of these files (as for ``resolve``)."""
     found = parse_source(source)
     if isinstance(found, Path):
         return
-    offline = offline or _offline_env()
-    files = _repo_files(found, offline)
-    if found.quant is None and found.file is None and (patterns is not None or is_folder_repo(files)):
-        if offline:
-            _folder(found, patterns or MODEL_PATTERNS, offline, False)
+    repo = repo_files(found, offline or _offline_env())
+    if _is_folder(found, repo, patterns):
+        if repo.cached is not None:
+            _folder(found, patterns or MODEL_PATTERNS, repo.cached, False)
         return
-    model = choose_gguf(found, files)
-    if offline:
+    model = _choose(found, repo)
+    if repo.cached is not None:
         for f in model.files:
-            _file(found, f, offline, False)
+            _file(found, f, repo.cached, False)
 
 
-def _repo_files(name: HubName, offline: bool) -> list[str]:
-    """The repo's files: listed by the hub, or (offline, or the hub out of
-    reach) those in the local cache."""
+def _is_folder(name: HubName, repo: RepoFiles, patterns: list[str] | None) -> bool:
+    return name.quant is None and name.file is None and (patterns is not None or is_folder_repo(repo.files))
+
+
+def _choose(name: HubName, repo: RepoFiles) -> GGUFModel:
+    """``choose_gguf``, saying so when only the cache was looked at."""
+    try:
+        return choose_gguf(name, repo.files)
+    except ModelLoadError as e:
+        if repo.cached is None:
+            raise
+        raise ModelLoadError(
+            f"{name}: not in the local Hugging Face cache ({_cache_dir()}), {repo.cached}"
+        ) from e
+
+
+def repo_files(name: HubName, offline: bool) -> RepoFiles:
+    """The repo's files as the hub lists them, or, offline or when the hub
+    cannot be reached, as the local cache holds them."""
+    why = _OFF
     if not offline:
         from huggingface_hub import HfApi
         from huggingface_hub.errors import HfHubHTTPError
 
         try:
-            info = HfApi().model_info(name.repo_id)
-            return [s.rfilename for s in info.siblings or []]
+            return RepoFiles([s.rfilename for s in HfApi().model_info(name.repo_id).siblings or []])
         except HfHubHTTPError as e:
-            status = e.response.status_code if e.response is not None else None
-            if status is None or status < 500:
-                raise _failure(name, e, offline) from None
-            unreachable: Exception = e
+            if e.response is None or e.response.status_code < 500:
+                raise _failure(name, e, None) from None
+            why = f"and the hub at {_endpoint()} answers {e.response.status_code}"
         except Exception as e:  # the transport failed: no answer from the hub
-            unreachable = e
+            why = f"and the hub at {_endpoint()} cannot be reached ({one_line(e, 120)})"
     cached = _cached_files(name.repo_id)
     if cached is None:
-        if offline:
-            raise ModelLoadError(f"{name}: not in the local Hugging Face cache ({_cache_dir()}), {_OFF}")
-        raise ModelLoadError(
-            f"{name}: cannot reach the hub at {_endpoint()} ({one_line(unreachable, 120)}), "
-            "and the model is not in the local Hugging Face cache"
-        )
-    return cached
+        raise ModelLoadError(f"{name}: not in the local Hugging Face cache ({_cache_dir()}), {why}")
+    return RepoFiles(cached, why)
 
 
 _OFF = "and downloads are off (--offline or HF_HUB_OFFLINE=1)"
@@ -280,29 +291,35 @@ def _cached_files(repo_id: str) -> list[str] | None:
     return sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file())
 
 
-def _folder(name: HubName, patterns: list[str], offline: bool, progress: bool) -> Path:
+def _folder(name: HubName, patterns: list[str], cached: str | None, progress: bool) -> Path:
+    """The repo's files matching ``patterns``, downloaded unless ``cached``
+    says the cache alone is to be read (and why)."""
     from huggingface_hub import snapshot_download
 
     try:
         with _quiet(not progress):
             path = snapshot_download(
-                name.repo_id, allow_patterns=patterns, local_files_only=offline, tqdm_class=_bars(progress)
+                name.repo_id,
+                allow_patterns=patterns,
+                local_files_only=cached is not None,
+                tqdm_class=_bars(progress),
             )
     except Exception as e:
-        raise _failure(name, e, offline) from None
+        raise _failure(name, e, cached) from None
     return Path(path)
 
 
-def _file(name: HubName, filename: str, offline: bool, progress: bool) -> Path:
+def _file(name: HubName, filename: str, cached: str | None, progress: bool) -> Path:
+    """One file of the repo, downloaded unless ``cached`` (as for ``_folder``)."""
     from huggingface_hub import hf_hub_download
 
     try:
         with _quiet(not progress):
             path = hf_hub_download(
-                name.repo_id, filename, local_files_only=offline, tqdm_class=_bars(progress)
+                name.repo_id, filename, local_files_only=cached is not None, tqdm_class=_bars(progress)
             )
     except Exception as e:
-        raise _failure(name, e, offline, filename) from None
+        raise _failure(name, e, cached, filename) from None
     return Path(path)
 
 
@@ -320,8 +337,8 @@ def _quiet(quiet: bool) -> Iterator[None]:
         logger.setLevel(level)
 
 
-def _failure(name: HubName, e: Exception, offline: bool, filename: str | None = None) -> ModelLoadError:
-    """One line for what ``huggingface_hub`` raised."""
+def _failure(name: HubName, e: Exception, cached: str | None, filename: str | None = None) -> ModelLoadError:
+    """One line for what ``huggingface_hub`` raised (``cached``: why only the cache was read)."""
     from huggingface_hub import errors
 
     login = "log in with `hf auth login` or set HF_TOKEN"
@@ -339,12 +356,9 @@ def _failure(name: HubName, e: Exception, offline: bool, filename: str | None = 
         return ModelLoadError(f"{name.repo_id} has no file {filename}")
     if isinstance(e, errors.LocalEntryNotFoundError):
         what = f"{name.repo_id}/{filename}" if filename else str(name)
-        if offline:
-            return ModelLoadError(
-                f"{what}: not (completely) in the local Hugging Face cache ({_cache_dir()}), {_OFF}"
-            )
+        why = cached or "and the hub cannot be reached"
         return ModelLoadError(
-            f"{what}: cannot reach the hub at {_endpoint()}, and it is not (completely) in the local cache"
+            f"{what}: not (completely) in the local Hugging Face cache ({_cache_dir()}), {why}"
         )
     if isinstance(e, errors.HfHubHTTPError) and e.response is not None:
         status = e.response.status_code
