@@ -47,7 +47,7 @@ def run_hf2q(target, ids, max_tokens):
     t0 = time.perf_counter()
     first = None
     tokens = []
-    for chunk in hf2q_py.stream_generate(target, ids, max_tokens=max_tokens):
+    for chunk in hf2q_py.stream_generate(target, ids, max_tokens=max_tokens, method="baseline"):
         if first is None:
             first = time.perf_counter()
         tokens += chunk.tokens

@@ -100,7 +100,7 @@ def engines(args, draft) -> dict:
     common = {"method": "draft", "draft": draft, "draft_p_min": args.p_min, "draft_min_prob": args.min_prob}
     model_only = {**common, "draft_suffix_depth": 0}
     fixed = {**model_only, "draft_p_min": 0.0, "draft_min_prob": 0.0}  # always K drafts
-    out = {"plain": lambda t, ids: ours(t, ids, m)}
+    out = {"plain": lambda t, ids: ours(t, ids, m, method="baseline")}
     for k in args.fixed_ks:
         out[f"hf2q fixed K={k}"] = lambda t, ids, k=k: ours(t, ids, m, k=k, adaptive=False, **fixed)
     out["hf2q adaptive"] = lambda t, ids: ours(t, ids, m, k=args.k, **model_only)

@@ -141,7 +141,7 @@ def record(target_src: str, draft_src: str, path: str, max_tokens: int, only: st
         if not any(part in w.name for part in only.split(",")) or w.then:
             continue
         ids = hf2q_py.encode_prompt(target, w.prompt)
-        answer = hf2q_py.generate(target, ids, max_tokens=max_tokens).tokens
+        answer = hf2q_py.generate(target, ids, max_tokens=max_tokens, method="baseline").tokens
         logits = draft.model(mx.array(ids + answer[:-1])[None])[0, len(ids) - 1 :].astype(mx.float32)
         probs = mx.softmax(logits, axis=-1)
         streams.append(

@@ -66,7 +66,7 @@ def timed_load(source: str | None):
 
 
 def decode_rate(target, prompt: str, max_tokens: int) -> tuple[float, str]:
-    r = hf2q_py.generate(target, prompt, max_tokens=max_tokens, chat_template=False)
+    r = hf2q_py.generate(target, prompt, max_tokens=max_tokens, chat_template=False, method="baseline")
     return r.stats.tokens_per_second, r.text
 
 

@@ -110,7 +110,10 @@ def main() -> None:
     numpy_gap = against_numpy(path, keep)
     quantized = sum(m.weight.size * 32 // m.bits for m in quantized_layers(keep).values())
     total = sum(v.size for n, v in tree_flatten(flt.model.parameters()))
-    tokens = {d: hf2q_py.generate(t, ids, max_tokens=args.tokens).tokens for d, t in loaded.items()}
+    tokens = {
+        d: hf2q_py.generate(t, ids, max_tokens=args.tokens, method="baseline").tokens
+        for d, t in loaded.items()
+    }
     rows = [
         [d, f"{weight_bytes(t) / 2**20:.0f}", f"{peak[d] / 2**20:.0f}", f"{seconds[d]:.1f}"]
         for d, t in loaded.items()

@@ -46,7 +46,7 @@ def conversation(target, n_tokens: int) -> tuple[list[dict], list[dict]]:
 
 def first_token_seconds(target, ids: list[int]) -> float:
     t0 = time.perf_counter()
-    stream = hf2q_py.stream_generate(target, ids, max_tokens=1)
+    stream = hf2q_py.stream_generate(target, ids, max_tokens=1, method="baseline")
     for _ in stream:
         break
     stream.close()
@@ -60,7 +60,8 @@ def measure(target, n: int, repeats: int) -> dict:
     nbytes = reused = 0
     for _ in range(repeats):
         target.prompt_cache = PromptCache(max_bytes=64 << 30)
-        hf2q_py.generate(target, first_ids, max_tokens=16)  # the earlier turn, kept by the cache
+        # the earlier turn, kept by the cache
+        hf2q_py.generate(target, first_ids, max_tokens=16, method="baseline")
         snap_bytes = target.prompt_cache.nbytes
         stats_before = target.prompt_cache.stats.reused_tokens
         with_cache.append(first_token_seconds(target, follow_ids))
@@ -92,7 +93,7 @@ def main() -> None:
     if args.results:
         check_writable(args.results, "--results file")
     target = hf2q_py.load()
-    hf2q_py.generate(target, "Hi", max_tokens=4)  # warm-up
+    hf2q_py.generate(target, "Hi", max_tokens=4, method="baseline")  # warm-up
     data = {n: measure(target, n, args.repeats) for n in lengths}
     rows = []
     for n, d in data.items():

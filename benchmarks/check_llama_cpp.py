@@ -141,7 +141,9 @@ def check_case(root: Path, name: str, qtype: str) -> dict:
         row[f"{dtype} logit gap"] = gap
         for method in METHODS:
             opts = {} if method == "plain" else method_options(method, target, draft_path, dtype)
-            kw = {} if method == "plain" else {"method": method, "k": 8, "adaptive": False}
+            kw = (
+                {"method": "baseline"} if method == "plain" else {"method": method, "k": 8, "adaptive": False}
+            )
             got = hf2q_py.generate(target, PROMPT, max_tokens=NEW_TOKENS, **kw, **opts).tokens
             row[f"{dtype} {method}"] = verdict(got, exact, exact_margins, 2 * gap)
             if method == "plain" and qtype != "F32":

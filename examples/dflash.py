@@ -26,7 +26,7 @@ prompt = (
     "```python\ndef mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total / len(xs)\n```"
 )
 
-plain = hf2q_py.generate(target, prompt, max_tokens=96)
+plain = hf2q_py.generate(target, prompt, max_tokens=96, method="baseline")
 fast = hf2q_py.generate(target, prompt, max_tokens=96, method="dflash", drafter=drafter)
 print(fast.text)
 print(f"baseline: {plain.stats.summary()}")

@@ -16,7 +16,7 @@ target = hf2q_py.load(sys.argv[1])
 draft = hf2q_py.load(sys.argv[2])
 prompt = "Rename `total` to `acc` throughout:\n\ndef mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total / len(xs)\n"
 
-plain = hf2q_py.generate(target, prompt, max_tokens=96)
+plain = hf2q_py.generate(target, prompt, max_tokens=96, method="baseline")
 fast = hf2q_py.generate(target, prompt, max_tokens=96, method="draft", draft=draft, k=4, draft_p_min=0.3)
 print(fast.text)
 print(f"baseline: {plain.stats.summary()}")

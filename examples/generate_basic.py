@@ -1,4 +1,5 @@
-"""Plain greedy generation with the Python API (built-in model unless a path is given).
+"""Generation with the Python API: greedy, n-gram speculation (the default method).
+The built-in model unless a model is given (a file, a folder or a hub name).
 
 python examples/generate_basic.py [MODEL]
 """

@@ -199,9 +199,10 @@ def stream_generate(
     """Generate and yield text as it is decoded.
 
     Options (or a ``GenerationConfig``): ``max_tokens`` (default 256),
-    ``stop``, ``chat_template``, an output constraint (``json_schema`` a
-    schema dict or its JSON text, ``regex``, ``grammar`` in Lark, or
-    ``json_object=True``), and the ``SpecConfig`` fields (``method``,
+    ``stop``, ``chat_template``, ``logprobs``, an output constraint
+    (``json_schema`` a schema dict or its JSON text, ``regex``, ``grammar``
+    in Lark, or ``json_object=True``), and the ``SpecConfig`` fields
+    (``method``: ``ngram`` unless given, ``baseline`` for plain decoding;
     ``k``, ``adaptive``, ``ngram_min``, ``ngram_max``, ``ngram_proposer``, ``memory``,
     ...). Greedy decoding.
     ``on_round`` receives a ``Round`` per round (profiling); each chunk
@@ -383,18 +384,20 @@ def generate(
     prompt: str | Sequence[int],
     *,
     max_tokens: int = 256,
-    method: str = "baseline",
+    method: str = "ngram",
     on_round: Callable[[Round], None] | None = None,
     config: GenerationConfig | None = None,
     **options: Any,
 ) -> GenerationResult:
-    """Generate a completion; returns tokens, text and statistics.
+    """Generate a completion; returns tokens, text and statistics. The
+    method is ``ngram`` (speculation from copies) unless ``method`` says
+    otherwise (``"baseline"``: plain decoding).
 
     See :func:`stream_generate` for the options.
     """
     if config is None:
         config = make_config(max_tokens=max_tokens, method=method, **options)
-    elif options or max_tokens != 256 or method != "baseline":
+    elif options or max_tokens != 256 or method != "ngram":
         raise Hf2qError("pass either config= or keyword options, not both")
     elif not isinstance(config, GenerationConfig):
         raise Hf2qError(f"config must be a GenerationConfig, got {type(config).__name__}")

@@ -297,13 +297,15 @@ class SpecConfig:
     (``hf2q_py.methods``) and its options, one field each; the table holds
     the defaults, ranges and which method takes which option.
 
-    ``k`` is the (maximum) draft length, by default the method's (32 for the
-    n-gram suffix proposer, 16 for prompt lookup and the draft model, 8 otherwise); ``adaptive``
-    lets the engine choose K in [0, k] each round from measured acceptance
-    and cost.
+    ``method`` is ``ngram`` unless told: it drafts copies of earlier text
+    and costs a few percent at most where there is nothing to copy;
+    ``baseline`` is plain decoding. ``k`` is the (maximum) draft length, by
+    default the method's (32 for the n-gram suffix proposer, 16 for prompt
+    lookup and the draft model, 8 otherwise); ``adaptive`` lets the engine
+    choose K in [0, k] each round from measured acceptance and cost.
     """
 
-    method: str = "baseline"
+    method: str = "ngram"
     k: int | None = _default("k")
     adaptive: bool = _default("adaptive")
     ngram_min: int = _default("ngram_min")

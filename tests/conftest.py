@@ -1,5 +1,13 @@
-import hf2q_py  # noqa: F401  first, so OpenBLAS is loaded before mlx.core as users get it
-import pytest
+import os
+
+# No test reaches the internet: hub names resolve from the (empty) cache unless a test
+# starts its stand-in hub (tests/hub_server.py) and says otherwise. Set before anything
+# imports huggingface_hub, which reads them once.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens there
+
+import hf2q_py  # noqa: E402, F401  first, so OpenBLAS is loaded before mlx.core as users get it
+import pytest  # noqa: E402
 
 
 @pytest.fixture

@@ -258,6 +258,7 @@ def export(
     tied: bool | None = None,
     vocab: dict | None = None,
     as_floats: bool = False,
+    split_tensors: int = 0,
     **overrides,
 ):
     """Write EXPORTS[name] to ``path`` (``vocab``: tokenizer metadata, by
@@ -266,7 +267,10 @@ def export(
     holds (quantization round trip). ``qtype``: one type for every matrix, or
     a function of the mlx-lm name, stored as llama.cpp's quantizer would
     (``fitting``).
-    ``as_floats``: write, as F32, the values ``qtype`` would hold. Gemma 4
+    ``as_floats``: write, as F32, the values ``qtype`` would hold.
+    ``split_tensors``: write a split GGUF of at most this many tensors per
+    part (``path``'s stem + ``-0000i-of-0000n.gguf``, as llama.cpp's
+    gguf-split names them). Gemma 4
     layouts (``gemma4-*``) are written by ``gguf_export_gemma4``."""
     if name.startswith("gemma4"):
         from gguf_export_gemma4 import export_gemma4
@@ -281,7 +285,7 @@ def export(
         model.sanitize({})  # gemma3_text: no lm_head.weight means a tied head
     params = dict(tree_flatten(model.parameters()))
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_tensors)
     _write_config(w, arch, cfg)
     write_vocab(w, vocab or spm_metadata(space_prefix=not arch.startswith("gemma")))
     held = []

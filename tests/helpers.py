@@ -48,7 +48,7 @@ def assert_same_greedy(model, prompt: list[int], got: list[int], want: list[int]
 
 def baseline(target, prompt, n):
     """Plain greedy decoding with hf2q-py: what every method must equal."""
-    return hf2q_py.generate(target, prompt, max_tokens=n).tokens
+    return hf2q_py.generate(target, prompt, max_tokens=n, method="baseline").tokens
 
 
 def cli(capsys, *argv):

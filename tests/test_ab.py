@@ -19,7 +19,7 @@ def test_baseline_trace_is_the_baseline():
     target = tiny_target("llama", scale=2.0)
     prompt = random_prompt(10)
     tokens, tops = baseline_trace(target, prompt, 30)
-    assert tokens == hf2q_py.generate(target, prompt, max_tokens=30).tokens
+    assert tokens == hf2q_py.generate(target, prompt, max_tokens=30, method="baseline").tokens
     assert all(t[0][1] >= t[1][1] for t in tops)
 
 
@@ -86,8 +86,8 @@ def test_run_ab_reports_a_real_difference_where_it_is():
     from plain greedy decoding at a position known from the two outputs."""
     target = tiny_target("llama", scale=2.0)
     prompt = random_prompt(8)
-    plain = hf2q_py.generate(target, prompt, max_tokens=30).tokens
-    other = hf2q_py.generate(target, prompt, max_tokens=30, repetition_penalty=3.0).tokens
+    plain = hf2q_py.generate(target, prompt, max_tokens=30, method="baseline").tokens
+    other = hf2q_py.generate(target, prompt, max_tokens=30, repetition_penalty=3.0, method="baseline").tokens
     first = next(i for i, (a, b) in enumerate(zip(plain, other)) if a != b)
     results, noise = run_ab(
         target,
@@ -154,7 +154,7 @@ def test_fuzz_every_method_equals_the_baseline(
 ):
     target = cached_target(arch, scale)
     prompt = random_prompt(prompt_len, seed)
-    free = hf2q_py.generate(target, prompt, max_tokens=max_tokens).tokens
+    free = hf2q_py.generate(target, prompt, max_tokens=max_tokens, method="baseline").tokens
     eos = {free[eos_at]} if eos_at is not None and eos_at < len(free) else set()
     target.eos_token_ids = eos
     try:

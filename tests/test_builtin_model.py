@@ -27,7 +27,7 @@ def smol():
 
 
 def test_greedy_answer_is_coherent(smol):
-    r = hf2q_py.generate(smol, "What is the capital of France?", max_tokens=12)
+    r = hf2q_py.generate(smol, "What is the capital of France?", max_tokens=12, method="baseline")
     assert "Paris" in r.text
 
 
@@ -35,14 +35,14 @@ def test_baseline_equals_mlx_lm_on_the_real_model(smol):
     prompt = smol.tokenizer.apply_chat_template(
         [{"role": "user", "content": "List three fruits."}], add_generation_prompt=True
     )
-    got = hf2q_py.generate(smol, prompt, max_tokens=24).tokens
+    got = hf2q_py.generate(smol, prompt, max_tokens=24, method="baseline").tokens
     assert got == reference_greedy(smol.model, prompt, 24, smol.eos_token_ids)
 
 
 def test_ngram_on_a_code_edit_equals_baseline(smol):
     prompt = f"Add type hints to this function:\n\n{CODE}"
     ids = hf2q_py.encode_prompt(smol, prompt)
-    want = hf2q_py.generate(smol, ids, max_tokens=64).tokens
+    want = hf2q_py.generate(smol, ids, max_tokens=64, method="baseline").tokens
     r = hf2q_py.generate(smol, ids, max_tokens=64, method="ngram", k=8)
     assert_same_greedy(smol.model, ids, r.tokens, want)
     assert r.stats.accepted > 10  # the code is copied from the prompt
@@ -51,9 +51,9 @@ def test_ngram_on_a_code_edit_equals_baseline(smol):
 @pytest.mark.parametrize("dtype", ["float16", "keep"])
 def test_first_tokens_are_identical_across_dtypes(smol, dtype):
     prompt = "What is the capital of France?"
-    want = hf2q_py.generate(smol, prompt, max_tokens=4).tokens
+    want = hf2q_py.generate(smol, prompt, max_tokens=4, method="baseline").tokens
     other = hf2q_py.load(dtype=dtype)
-    assert hf2q_py.generate(other, prompt, max_tokens=4).tokens == want
+    assert hf2q_py.generate(other, prompt, max_tokens=4, method="baseline").tokens == want
 
 
 def test_qk_unpermutation_matches_traditional_rope_on_the_raw_rows(smol):
@@ -101,7 +101,7 @@ def test_chat_template_renders_and_tokenizes_exactly(smol):
 @pytest.mark.parametrize("stop", ["gamma", "a g", "ta"])
 def test_a_stop_string_ends_text_and_tokens_at_the_same_place_on_a_real_vocabulary(smol, stop):
     prompt = "Repeat exactly: alpha beta gamma delta epsilon"
-    free = hf2q_py.generate(smol, prompt, max_tokens=24)
+    free = hf2q_py.generate(smol, prompt, max_tokens=24, method="baseline")
     assert stop in free.text
     for method in ("baseline", "ngram"):
         r = hf2q_py.generate(smol, prompt, max_tokens=24, stop=[stop], method=method)

@@ -45,6 +45,11 @@ def test_bad_input_gives_a_one_line_error(args, words):
     assert_one_line_error(run("generate", *args), *words)
 
 
+def test_version_is_the_packages():
+    proc = run("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"hf2q-py {hf2q_py.__version__}"
+
+
 def test_corrupt_and_unknown_model_files(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"\x00" * 100)
@@ -63,10 +68,12 @@ def test_corrupt_and_unknown_model_files(tmp_path):
 
 
 @pytest.mark.slow
-def test_json_output_on_the_builtin_model():
-    proc = run("generate", "--prompt", "What is 2+2?", "--max-tokens", "6", "--method", "ngram", "--json")
+def test_json_output_on_the_builtin_model_names_the_default_speculative_method():
+    proc = run("generate", "--prompt", "What is 2+2?", "--max-tokens", "6", "--json")
     assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""  # no progress bars under --json
     out = json.loads(proc.stdout)
+    assert out["stats"]["method"] == "ngram"
     assert set(out) >= {"text", "tokens", "prompt_tokens", "stats"}
     assert len(out["tokens"]) <= 6 and out["prompt_tokens"] > 0
     for key in (
@@ -120,7 +127,7 @@ def test_ctrl_c_is_seen_between_short_prefill_chunks(monkeypatch, capsys):
 def test_the_draft_model_loads_with_the_requested_dtype(tmp_path, capsys, monkeypatch):
     loads = []
 
-    def fake_load(source=None, *, dtype="auto"):
+    def fake_load(source=None, *, dtype="auto", **_):
         loads.append(dtype)
         return tiny_target("llama", seed=len(loads), tokenizer=True)
 

@@ -40,7 +40,7 @@ def _cached_load(source: str | None, dtype):
     return real_load(source, dtype=dtype)
 
 
-def _load(source=None, *, dtype="auto"):
+def _load(source=None, *, dtype="auto", **_):
     """The real loader, memoized: the built-in model loads once per session."""
     return _cached_load(None if source in (None, "") else str(source), dtype)
 

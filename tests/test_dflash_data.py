@@ -104,7 +104,7 @@ def test_self_distill_writes_answers_in_prompt_order_and_resumes(tmp_path):
     for prompt, row in zip(prompts, rows):
         ids = encode_prompt(target, prompt, True)
         assert row["prompt_tokens"] == len(ids)
-        assert row["tokens"] == ids + hf2q_py.generate(target, ids, max_tokens=10).tokens
+        assert row["tokens"] == ids + hf2q_py.generate(target, ids, max_tokens=10, method="baseline").tokens
 
 
 def test_self_distill_streams_windows_and_writes_each_row_in_prompt_order(tmp_path):
@@ -123,5 +123,5 @@ def test_self_distill_streams_windows_and_writes_each_row_in_prompt_order(tmp_pa
     assert [json.loads(x) for x in path.read_text().splitlines()] == rows
     for prompt, row in zip(prompts, rows):
         ids = encode_prompt(target, prompt, True)
-        assert row["tokens"] == ids + hf2q_py.generate(target, ids, max_tokens=8).tokens
+        assert row["tokens"] == ids + hf2q_py.generate(target, ids, max_tokens=8, method="baseline").tokens
     assert [x.split(":")[0] for x in lines] == ["data 8/10", "data 10/10"]

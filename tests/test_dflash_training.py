@@ -225,7 +225,7 @@ def self_distilled(target, n, answer_tokens):
         rows.append(
             {
                 "prompt_tokens": len(p),
-                "tokens": p + hf2q_py.generate(target, p, max_tokens=answer_tokens).tokens,
+                "tokens": p + hf2q_py.generate(target, p, max_tokens=answer_tokens, method="baseline").tokens,
             }
         )
     return rows

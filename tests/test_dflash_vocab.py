@@ -127,7 +127,10 @@ def test_training_with_a_draft_vocabulary_ranks_the_training_answers(tmp_path):
     for i in range(6):
         p = random_prompt(8, seed=i)
         rows.append(
-            {"prompt_tokens": len(p), "tokens": p + hf2q_py.generate(target, p, max_tokens=30).tokens}
+            {
+                "prompt_tokens": len(p),
+                "tokens": p + hf2q_py.generate(target, p, max_tokens=30, method="baseline").tokens,
+            }
         )
     cfg = TrainConfig(
         out=str(tmp_path / "d"),

@@ -173,7 +173,7 @@ def test_confidence_gated_drafts_are_lossless(arch, scale, adaptive, gate):
     target = tiny_target(arch, seed=0, scale=scale)
     draft = tiny_target(arch, seed=1, scale=scale)
     prompt = random_prompt(12)
-    want = hf2q_py.generate(target, prompt, max_tokens=40).tokens
+    want = hf2q_py.generate(target, prompt, max_tokens=40, method="baseline").tokens
     for d in (draft, target):  # a weak draft and a perfect one
         r = hf2q_py.generate(
             target, prompt, max_tokens=40, method="draft", draft=d, k=6, adaptive=adaptive, **gate
@@ -228,7 +228,7 @@ def test_target_padding_ids_never_index_past_the_draft_embedding():
     target.eos_token_ids = set()
     draft = tiny_target("llama", seed=1, scale=3.0, tokenizer=True)
     prompt = [int(t) for t in np.random.default_rng(0).integers(0, 128, 12)]
-    want = hf2q_py.generate(target, prompt, max_tokens=40).tokens
+    want = hf2q_py.generate(target, prompt, max_tokens=40, method="baseline").tokens
     assert max(want) >= VOCAB  # the case under test: ids past the draft's table
     got = hf2q_py.generate(
         target,

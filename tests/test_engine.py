@@ -24,7 +24,7 @@ def loopy_prompt(n: int = 24) -> list[int]:
 def test_baseline_equals_mlx_lm_generate_step(arch):
     target = tiny_target(arch)
     prompt = random_prompt(20)
-    got = hf2q_py.generate(target, prompt, max_tokens=40).tokens
+    got = hf2q_py.generate(target, prompt, max_tokens=40, method="baseline").tokens
     assert got == reference_greedy(target.model, prompt, 40)
 
 
@@ -38,7 +38,7 @@ REGIMES = [("llama", 1.0), ("llama", 2.0), ("gemma4_text", 1.0), ("gemma4_text",
 def test_ngram_equals_baseline_for_every_k(arch, scale, k):
     target = tiny_target(arch, scale=scale)
     prompt = loopy_prompt()
-    want = hf2q_py.generate(target, prompt, max_tokens=60).tokens  # past the window of 16
+    want = hf2q_py.generate(target, prompt, max_tokens=60, method="baseline").tokens  # past the window of 16
     result = hf2q_py.generate(target, prompt, max_tokens=60, method="ngram", k=k, adaptive=False)
     assert_same_greedy(target.model, prompt, result.tokens, want)
     assert result.stats.drafted > 0, "the test should exercise verification"
@@ -48,7 +48,7 @@ def test_ngram_equals_baseline_for_every_k(arch, scale, k):
 def test_adaptive_ngram_equals_baseline(arch, scale):
     target = tiny_target(arch, scale=scale)
     prompt = loopy_prompt(40)
-    want = hf2q_py.generate(target, prompt, max_tokens=80).tokens
+    want = hf2q_py.generate(target, prompt, max_tokens=80, method="baseline").tokens
     got = hf2q_py.generate(target, prompt, max_tokens=80, method="ngram", k=8).tokens
     assert_same_greedy(target.model, prompt, got, want)
 
@@ -67,7 +67,7 @@ def test_a_target_keeps_what_its_forwards_cost_across_generations():
 
 def test_one_token_prompt():
     target = tiny_target("llama")
-    want = hf2q_py.generate(target, [5], max_tokens=30).tokens
+    want = hf2q_py.generate(target, [5], max_tokens=30, method="baseline").tokens
     got = hf2q_py.generate(target, [5], max_tokens=30, method="ngram", k=4, adaptive=False).tokens
     assert_same_greedy(target.model, [5], got, want)
     assert len(got) == 30
@@ -77,7 +77,7 @@ def test_one_token_prompt():
 def test_budget_ends_inside_an_accepted_block(max_tokens):
     target = tiny_target("llama")
     prompt = loopy_prompt()
-    want = hf2q_py.generate(target, prompt, max_tokens=max_tokens).tokens
+    want = hf2q_py.generate(target, prompt, max_tokens=max_tokens, method="baseline").tokens
     got = hf2q_py.generate(target, prompt, max_tokens=max_tokens, method="ngram", k=8, adaptive=False)
     assert got.tokens == want
     assert len(got.tokens) == max_tokens
@@ -115,7 +115,7 @@ def run_engine(target, prompt, proposer, max_tokens, eos=()):
 def test_eos_inside_an_accepted_block_ends_generation():
     target = tiny_target("gemma4_text")
     prompt = random_prompt(10)
-    free = hf2q_py.generate(target, prompt, max_tokens=40).tokens
+    free = hf2q_py.generate(target, prompt, max_tokens=40, method="baseline").tokens
     i = next(i for i in range(2, 40) if free[i] not in free[:i] and i % 9 not in (0, 8))
     got, stats = run_engine(target, prompt, OracleProposer(prompt, free), 40, eos={free[i]})
     assert got == free[:i]
@@ -127,7 +127,7 @@ def test_eos_inside_an_accepted_block_ends_generation():
 def test_budget_inside_a_fully_accepted_block(max_tokens):
     target = tiny_target("gemma4_text")
     prompt = random_prompt(10)
-    free = hf2q_py.generate(target, prompt, max_tokens=40).tokens
+    free = hf2q_py.generate(target, prompt, max_tokens=40, method="baseline").tokens
     got, stats = run_engine(target, prompt, OracleProposer(prompt, free), max_tokens)
     assert got == free[:max_tokens]
     assert stats.finish_reason == "length"
@@ -178,11 +178,11 @@ def test_bad_options_are_refused_with_a_clear_error(options, message):
 def test_bad_prompts_are_refused():
     target = tiny_target("llama")
     with pytest.raises(Hf2qError, match="empty"):
-        hf2q_py.generate(target, [], max_tokens=4)
+        hf2q_py.generate(target, [], max_tokens=4, method="baseline")
     with pytest.raises(Hf2qError, match="not a token id"):
-        hf2q_py.generate(target, [1, 10_000], max_tokens=4)
+        hf2q_py.generate(target, [1, 10_000], max_tokens=4, method="baseline")
     with pytest.raises(Hf2qError, match="no tokenizer"):
-        hf2q_py.generate(target, "hello", max_tokens=4)
+        hf2q_py.generate(target, "hello", max_tokens=4, method="baseline")
 
 
 @pytest.mark.parametrize("method", ["ngram", "layerskip"])
@@ -195,4 +195,4 @@ def test_a_plain_first_token_decodes_the_first_round_and_changes_no_token(method
         target, prompt, max_tokens=24, method=method, plain_first_token=True, on_round=rounds.append, **opts
     )
     assert rounds[0].drafted == 0 and got.stats.drafted > 0
-    assert got.tokens == hf2q_py.generate(target, prompt, max_tokens=24).tokens
+    assert got.tokens == hf2q_py.generate(target, prompt, max_tokens=24, method="baseline").tokens

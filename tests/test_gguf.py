@@ -141,6 +141,22 @@ def test_truncated_tensor_data_is_named(tmp_path):
         hf2q_py.load(path)
 
 
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_K])  # read by mx.load; Q4_K falls back to Q5_0: numpy
+def test_a_split_gguf_loads_from_any_of_its_parts_as_the_whole_file(tmp_path, qtype):
+    export(tmp_path / "whole.gguf", "llama", qtype)
+    export(tmp_path / "m.gguf", "llama", qtype, split_tensors=8)
+    parts = sorted(tmp_path.glob("m-*-of-*.gguf"))
+    assert len(parts) > 2
+    x = mx.array([PROMPT])
+    want = hf2q_py.load(tmp_path / "whole.gguf", dtype="float32").model(x)
+    for part in (parts[0], parts[-1]):
+        target = hf2q_py.load(part, dtype="float32")
+        assert mx.array_equal(target.model(x), want) and target.source == str(parts[0])
+    parts[1].unlink()
+    with pytest.raises(ModelLoadError, match=f"missing {parts[1].name}"):
+        hf2q_py.load(parts[0])
+
+
 def test_missing_sources_give_a_clear_error(tmp_path):
     with pytest.raises(ModelLoadError, match="no such file"):
         hf2q_py.load(tmp_path / "missing.gguf")

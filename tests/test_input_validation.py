@@ -39,7 +39,7 @@ def test_wrongly_typed_prompts_and_configs_raise_hf2q_error():
     target = tiny_target("llama")
     for prompt in (None, 5, b"bytes", [1, "2"], [1.0], [True]):
         with pytest.raises(Hf2qError):
-            hf2q_py.generate(target, prompt, max_tokens=2)
+            hf2q_py.generate(target, prompt, max_tokens=2, method="baseline")
     with pytest.raises(Hf2qError, match="GenerationConfig"):
         list(hf2q_py.stream_generate(target, [1, 2], config={"max_tokens": 2}))
 
@@ -63,7 +63,7 @@ def test_non_finite_numbers_are_refused(opts):
 def test_prompts_with_lone_surrogates_are_refused(tmp_path, capsys, no_model_load):
     target = tiny_target("llama", tokenizer=True)
     with pytest.raises(Hf2qError, match="lone surrogate"):
-        hf2q_py.generate(target, "ab\ud800c", max_tokens=2)
+        hf2q_py.generate(target, "ab\ud800c", max_tokens=2, method="baseline")
     assert_one_line_error(cli(capsys, "generate", "--prompt", "x\udcff"), "lone surrogate")
     jsonl = tmp_path / "p.jsonl"
     jsonl.write_text('{"prompt": "bad \\ud800 escape"}\n')

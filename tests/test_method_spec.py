@@ -92,7 +92,7 @@ def test_a_new_proposer_is_one_module_and_one_row(monkeypatch):
     monkeypatch.setitem(METHODS, "echo", row)
     target = tiny_target("llama")
     prompt = random_prompt(10)
-    want = hf2q_py.generate(target, prompt, max_tokens=12).tokens
+    want = hf2q_py.generate(target, prompt, max_tokens=12, method="baseline").tokens
     got = hf2q_py.generate(target, prompt, max_tokens=12, method="echo", adaptive=False)
     assert got.tokens == want and got.stats.drafted > 0
     assert parse_method("echo:k=2,fixed").options == {"method": "echo", "k": 2, "adaptive": False}

@@ -42,8 +42,8 @@ def test_a_follow_up_turn_reuses_the_whole_earlier_conversation_and_matches_a_fr
 def test_a_retried_request_reuses_its_whole_prompt_and_gives_the_same_answer(arch):
     target = cached_target(arch)
     prompt = random_prompt(40, seed=1)
-    first = hf2q_py.generate(target, prompt, max_tokens=10)
-    again = hf2q_py.generate(target, prompt, max_tokens=10)
+    first = hf2q_py.generate(target, prompt, max_tokens=10, method="baseline")
+    again = hf2q_py.generate(target, prompt, max_tokens=10, method="baseline")
     assert again.stats.cached_tokens == len(prompt) - 1
     assert again.tokens == first.tokens
 
@@ -60,9 +60,9 @@ def test_a_retried_request_reuses_its_whole_prompt_and_gives_the_same_answer(arc
 def test_a_diverging_prompt_reuses_a_shared_prefix_only_where_its_state_is_held(arch, length, shared, reused):
     target = cached_target(arch)
     prompt = random_prompt(length)
-    hf2q_py.generate(target, prompt, max_tokens=8)
+    hf2q_py.generate(target, prompt, max_tokens=8, method="baseline")
     other = prompt[:shared] + random_prompt(10, seed=7)
-    result = hf2q_py.generate(target, other, max_tokens=8)
+    result = hf2q_py.generate(target, other, max_tokens=8, method="baseline")
     assert result.stats.cached_tokens == reused
     assert_same_greedy(target.model, other, result.tokens, fresh(arch, other, 8))
 
@@ -70,7 +70,7 @@ def test_a_diverging_prompt_reuses_a_shared_prefix_only_where_its_state_is_held(
 def test_every_method_and_sampling_leave_states_that_later_requests_reuse_exactly():
     target = cached_target("llama")
     prompt = random_prompt(24)
-    hf2q_py.generate(target, prompt, max_tokens=10)
+    hf2q_py.generate(target, prompt, max_tokens=10, method="baseline")
     for method, opts in (("ngram", {}), ("layerskip", {"skip_layers": [1]}), ("baseline", {})):
         got = hf2q_py.generate(target, prompt, max_tokens=10, method=method, **opts)
         assert got.stats.cached_tokens == len(prompt) - 1
@@ -85,11 +85,11 @@ def test_every_method_and_sampling_leave_states_that_later_requests_reuse_exactl
 def test_a_stream_closed_early_leaves_a_state_that_is_reused():
     target = cached_target("llama")
     prompt = random_prompt(24)
-    stream = hf2q_py.stream_generate(target, prompt, max_tokens=20)
+    stream = hf2q_py.stream_generate(target, prompt, max_tokens=20, method="baseline")
     got = next(stream).tokens
     stream.close()
     follow_up = prompt + got + random_prompt(5, seed=2)
-    result = hf2q_py.generate(target, follow_up, max_tokens=6)
+    result = hf2q_py.generate(target, follow_up, max_tokens=6, method="baseline")
     assert result.stats.cached_tokens == len(prompt) + len(got) - 1
     assert_same_greedy(target.model, follow_up, result.tokens, fresh("llama", follow_up, 6))
 
@@ -98,35 +98,35 @@ def test_the_cache_keeps_at_most_its_entries_and_bytes_least_recently_used_out()
     target = cached_target("llama", max_entries=2)
     prompts = [random_prompt(20, seed=s) for s in range(3)]
     for p in prompts:
-        hf2q_py.generate(target, p, max_tokens=4)
+        hf2q_py.generate(target, p, max_tokens=4, method="baseline")
     cache = target.prompt_cache
     assert len(cache) == 2 and cache.stats.evicted == 1
-    assert hf2q_py.generate(target, prompts[0], max_tokens=4).stats.cached_tokens == 0
-    assert hf2q_py.generate(target, prompts[2], max_tokens=4).stats.cached_tokens == 19
+    assert hf2q_py.generate(target, prompts[0], max_tokens=4, method="baseline").stats.cached_tokens == 0
+    assert hf2q_py.generate(target, prompts[2], max_tokens=4, method="baseline").stats.cached_tokens == 19
 
     one = cache.nbytes // len(cache)
     small = cached_target("llama", max_bytes=int(one * 1.5))
     for p in prompts:
-        hf2q_py.generate(small, p, max_tokens=4)
+        hf2q_py.generate(small, p, max_tokens=4, method="baseline")
     assert len(small.prompt_cache) == 1 and small.prompt_cache.nbytes <= int(one * 1.5)
 
 
 def test_a_longer_conversation_replaces_the_prefix_it_can_rebuild():
     target = cached_target("llama")
     prompt = random_prompt(20)
-    first = hf2q_py.generate(target, prompt, max_tokens=6)
-    hf2q_py.generate(target, prompt + first.tokens + [5, 6], max_tokens=6)
+    first = hf2q_py.generate(target, prompt, max_tokens=6, method="baseline")
+    hf2q_py.generate(target, prompt + first.tokens + [5, 6], max_tokens=6, method="baseline")
     assert len(target.prompt_cache) == 1
 
 
 def test_a_saved_state_is_not_changed_by_the_generations_that_start_from_it():
     target = cached_target("gemma3_text")
     prompt = random_prompt(40)
-    hf2q_py.generate(target, prompt, max_tokens=6)
+    hf2q_py.generate(target, prompt, max_tokens=6, method="baseline")
     ((snap, _),) = target.prompt_cache._entries.values()
     before = [mx.array(a) for layer in snap.layers for a in layer.arrays]
     for seed in (1, 2):
-        hf2q_py.generate(target, prompt + random_prompt(30, seed=seed), max_tokens=6)
+        hf2q_py.generate(target, prompt + random_prompt(30, seed=seed), max_tokens=6, method="baseline")
     after = [a for layer in snap.layers for a in layer.arrays]
     assert all(mx.array_equal(b, a).item() for b, a in zip(before, after))
 
@@ -136,7 +136,7 @@ def test_dflash_which_reads_the_prompts_hidden_states_prefills_the_whole_prompt(
 
     target = cached_target("llama")
     prompt = random_prompt(24)
-    hf2q_py.generate(target, prompt, max_tokens=4)
+    hf2q_py.generate(target, prompt, max_tokens=4, method="baseline")
     got = hf2q_py.generate(target, prompt, max_tokens=4, method="dflash", drafter=drafter_for(target))
     assert got.stats.cached_tokens == 0
 

@@ -76,7 +76,7 @@ def setup():
 
 
 METHODS = {
-    "baseline": dict(),
+    "baseline": dict(method="baseline"),
     "ngram": dict(method="ngram", ngram_proposer="lookup", k=2, adaptive=False),
     "suffix": dict(method="ngram", ngram_proposer="suffix", memory=False, k=2, adaptive=False),
     "draft": dict(method="draft", k=2, adaptive=False, **UNGATED, draft_suffix_depth=0),
@@ -184,7 +184,7 @@ def test_ngram_sampling_emits_what_plain_sampling_emits_with_the_same_seed(k):
 
     target = tiny_target("llama", scale=1.5)
     prompt = loopy_prompt(30)
-    plain = hf2q_py.generate(target, prompt, max_tokens=40, temperature=0.5, seed=3)
+    plain = hf2q_py.generate(target, prompt, max_tokens=40, temperature=0.5, seed=3, method="baseline")
     spec = hf2q_py.generate(
         target, prompt, max_tokens=40, temperature=0.5, seed=3, method="ngram", k=k, adaptive=False
     )
@@ -227,7 +227,7 @@ def test_tiny_temperatures_give_argmax_not_nan(temperature):
 def test_sampling_at_a_tiny_temperature_is_greedy():
     target = tiny_target("llama", scale=2.0)
     prompt = random_prompt(8)
-    want = hf2q_py.generate(target, prompt, max_tokens=12).tokens
+    want = hf2q_py.generate(target, prompt, max_tokens=12, method="baseline").tokens
     for method in ("baseline", "ngram"):
         got = hf2q_py.generate(target, prompt, max_tokens=12, temperature=1e-40, seed=1, method=method)
         assert got.tokens == want
@@ -246,8 +246,8 @@ def test_repetition_penalty_matches_mlx_lm():
 def test_greedy_with_a_repetition_penalty_is_identical_across_methods():
     target = tiny_target("llama", scale=1.0)
     prompt = random_prompt(10)
-    want = hf2q_py.generate(target, prompt, max_tokens=40, repetition_penalty=1.3).tokens
-    assert want != hf2q_py.generate(target, prompt, max_tokens=40).tokens
+    want = hf2q_py.generate(target, prompt, max_tokens=40, repetition_penalty=1.3, method="baseline").tokens
+    assert want != hf2q_py.generate(target, prompt, max_tokens=40, method="baseline").tokens
     got = hf2q_py.generate(target, prompt, max_tokens=40, repetition_penalty=1.3, method="ngram", k=4).tokens
     assert got == want
 

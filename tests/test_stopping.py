@@ -13,10 +13,12 @@ def test_stop_strings_end_text_and_tokens_at_the_same_place():
     target = tiny_target("llama", scale=2.0, tokenizer=True)
     target.eos_token_ids = set()
     tok = target.tokenizer
-    free = hf2q_py.generate(target, "hello world", max_tokens=40, chat_template=False)
+    free = hf2q_py.generate(target, "hello world", max_tokens=40, chat_template=False, method="baseline")
     ends = [len(tok.decode(free.tokens[: i + 1])) for i in range(len(free.tokens))]
     assert tok.decode(free.tokens) == free.text
-    unmatched = hf2q_py.generate(target, "hello world", max_tokens=40, chat_template=False, stop=["never"])
+    unmatched = hf2q_py.generate(
+        target, "hello world", max_tokens=40, chat_template=False, stop=["never"], method="baseline"
+    )
     assert unmatched.text == free.text and unmatched.tokens == free.tokens  # text held back is not repeated
     for method in ("baseline", "ngram"):
         for first, n in ((10, 3), (0, 1), (25, 6)):
@@ -62,6 +64,6 @@ def test_a_prompt_that_fills_the_context_is_refused_and_generation_stops_at_its_
     target = tiny_target("qwen2")  # max_position_embeddings in its config
     target.model.args.max_position_embeddings = 16
     with pytest.raises(Hf2qError, match="context holds 16"):
-        hf2q_py.generate(target, random_prompt(16), max_tokens=2)
+        hf2q_py.generate(target, random_prompt(16), max_tokens=2, method="baseline")
     r = hf2q_py.generate(target, random_prompt(10), max_tokens=50, method="ngram")
     assert len(r.tokens) == 6 and r.finish_reason == "length"

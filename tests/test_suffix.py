@@ -224,7 +224,7 @@ from hf2q_py.method_spec import parse_method  # noqa: E402
 def test_suffix_ngram_is_lossless_and_a_retry_drafts_from_memory(arch, scale):
     target = tiny_target(arch, scale=scale)
     prompt = random_prompt(30, 4)
-    want = hf2q_py.generate(target, prompt, max_tokens=60).tokens
+    want = hf2q_py.generate(target, prompt, max_tokens=60, method="baseline").tokens
     first = hf2q_py.generate(target, prompt, max_tokens=60, method="ngram", k=16)
     assert_same_greedy(target.model, prompt, first.tokens, want)
     assert len(target.memory) == len(first.tokens) + 30  # with the prompt leading into it
@@ -237,7 +237,7 @@ def test_suffix_ngram_is_lossless_and_a_retry_drafts_from_memory(arch, scale):
 def test_memory_off_neither_reads_nor_writes_it():
     target = tiny_target("llama")
     prompt = random_prompt(30, 5)
-    plain = hf2q_py.generate(target, prompt, max_tokens=40).tokens
+    plain = hf2q_py.generate(target, prompt, max_tokens=40, method="baseline").tokens
     got = hf2q_py.generate(target, prompt, max_tokens=40, method="ngram", memory=False)
     assert got.tokens == plain
     assert len(target.memory) == 0
@@ -256,7 +256,7 @@ def test_memory_belongs_to_its_target():
 def test_the_lookup_proposer_stays_selectable():
     target = tiny_target("llama")
     prompt = (random_prompt(6, 3) * 6)[:30]
-    want = hf2q_py.generate(target, prompt, max_tokens=40).tokens
+    want = hf2q_py.generate(target, prompt, max_tokens=40, method="baseline").tokens
     got = hf2q_py.generate(target, prompt, max_tokens=40, method="ngram", ngram_proposer="lookup")
     assert got.tokens == want
     assert len(target.memory) == 0  # only the suffix proposer remembers

@@ -1,5 +1,6 @@
-"""``load(source)``: a model folder, a Hugging Face repo id in the local cache,
-a GGUF file, or (no source) the built-in SmolLM2-135M-Instruct."""
+"""``load(source)``: a model folder, a GGUF file, a model on the Hugging Face
+hub (downloaded once into its cache), or (no source) the built-in
+SmolLM2-135M-Instruct."""
 
 from __future__ import annotations
 
@@ -17,9 +18,25 @@ from .split import Split
 
 
 def load(
-    source: str | Path | None = None, *, dtype: str | None = "auto", group: Any = None, shard: str = "auto"
+    source: str | Path | None = None,
+    *,
+    dtype: str | None = "auto",
+    group: Any = None,
+    shard: str = "auto",
+    offline: bool = False,
+    progress: bool | None = None,
 ) -> Target:
     """Load a model for generation.
+
+    ``source``: a GGUF file, a model folder, a hub name (``owner/name``,
+    ``owner/name:QUANT`` for a GGUF quantization, ``owner/name/file.gguf``),
+    or None for the built-in model. A hub model not in the Hugging Face
+    cache is downloaded (its model files only) as ``huggingface_hub`` does
+    (``HF_ENDPOINT``, ``HF_HOME``, ``HF_TOKEN``); ``offline=True`` (or
+    ``HF_HUB_OFFLINE=1``) loads from the cache only.
+
+    ``progress``: progress bars on stderr for downloads and long loads;
+    None (default) shows them when stderr is a terminal.
 
     ``dtype``: "auto" (default) converts to float32 on the CPU and keeps the
     stored weights on a GPU; "keep" keeps them (quantized weights stay
@@ -31,44 +48,44 @@ def load(
     "pipeline", or "none" (every rank loads the whole model). Refusals come
     before any weight is read.
     """
+    from .progress import shown
+
     mx_dtype = parse_dtype(dtype)
     check_mode(shard)
     split = Split(group, shard) if group is not None and group.size() > 1 and shard != "none" else None
-    target = _load(source, mx_dtype, split)
+    target = _load(source, mx_dtype, split, offline, shown(progress))
     if split is not None:
         barrier(group)  # no rank starts generating while another still loads
     return target
 
 
-def _load(source: str | Path | None, mx_dtype: Any, split: Split | None) -> Target:
-    if source is None or str(source) == "":
-        path = builtin_model_path()
-        from .gguf import load_gguf
+def _load(source: str | Path | None, mx_dtype: Any, split: Split | None, offline: bool, show: bool) -> Target:
+    from .gguf import load_gguf
 
-        return load_gguf(path, mx_dtype, split)
-    path = Path(source).expanduser()
+    if source is None or str(source) == "":
+        return load_gguf(builtin_model_path(), mx_dtype, split, progress=show)
+    from .hub import resolve
+
+    path = resolve(source, offline=offline, progress=show)
     if path.is_file():
         if path.suffix.lower() == ".gguf" or _has_gguf_magic(path):
-            from .gguf import load_gguf
-
-            return load_gguf(path, mx_dtype, split)
+            return load_gguf(path, mx_dtype, split, progress=show)
         raise ModelLoadError(f"{path}: not a GGUF file and not a model folder")
     from .folder import load_folder
 
-    return load_folder(str(source), mx_dtype, split)
+    return load_folder(path, mx_dtype, split, progress=show)
 
 
-def check_source(source: str | Path | None) -> None:
-    """Refuse, without loading anything, a model source that does not exist:
-    a missing file or folder, or a repo id not in the local cache."""
+def check_source(source: str | Path | None, *, offline: bool = False) -> None:
+    """Refuse, without loading or downloading anything, a model source that
+    names nothing: a missing file or folder, a hub model or quantization that
+    does not exist, or (offline) one not in the cache."""
     if source is None or str(source) == "":
         builtin_model_path()
         return
-    if Path(source).expanduser().is_file():
-        return
-    from .folder import resolve_folder
+    from .hub import check
 
-    resolve_folder(str(source))
+    check(source, offline=offline)
 
 
 def _has_gguf_magic(path: Path) -> bool:

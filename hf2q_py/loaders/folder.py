@@ -1,4 +1,4 @@
-"""mlx-lm / Hugging Face model folders, and repo ids already in the local HF cache."""
+"""mlx-lm / Hugging Face model folders (local, or a hub repo's, through ``hub``)."""
 
 from __future__ import annotations
 
@@ -18,30 +18,29 @@ from .split import Split
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
 
 
-def resolve_folder(source: str) -> Path:
-    """A local folder, or a repo id resolved offline from the Hugging Face cache."""
-    path = Path(source).expanduser()
-    if path.is_dir():
-        return path
-    if path.exists():
-        raise ModelLoadError(f"{source}: not a model folder or GGUF file")
-    if source.count("/") != 1 or source.startswith((".", "/", "~")):
-        raise ModelLoadError(f"{source}: no such file or folder")
-    from huggingface_hub import snapshot_download
+def resolve_folder(
+    source: str | Path, *, offline: bool = False, progress: bool = False, patterns: list[str] | None = None
+) -> Path:
+    """A local folder, or a hub repo's folder (its files matching ``patterns``,
+    by default a model's) from the Hugging Face cache, downloaded first unless
+    already there (``offline``: never)."""
+    from .hub import HubName, parse_source, resolve
 
-    try:
-        return Path(snapshot_download(source, local_files_only=True))
-    except Exception as e:  # huggingface_hub raises several offline error types
-        raise ModelLoadError(
-            f"{source}: no such folder, and not in the local Hugging Face cache "
-            f"(hf2q-py never downloads; fetch it first with `hf download {source}`)"
-        ) from e
+    found = parse_source(source)
+    if isinstance(found, Path) and not found.is_dir():
+        raise ModelLoadError(f"{source}: not a folder")
+    if isinstance(found, HubName) and (found.quant is not None or found.file is not None):
+        raise ModelLoadError(f"{source}: names a GGUF file, not a folder")
+    return resolve(source, offline=offline, progress=progress, patterns=patterns)
 
 
-def load_folder(source: str, dtype: mx.Dtype | None, split: Split | None = None) -> Target:
+def load_folder(
+    path: Path, dtype: mx.Dtype | None, split: Split | None = None, progress: bool = False
+) -> Target:
     """Load an mlx-lm folder; ``split`` shards it before its weights are read
-    (each rank reads only its part of the safetensors)."""
-    path = resolve_folder(source)
+    (each rank reads only its part of the safetensors); ``progress`` counts
+    the weights read on a bar."""
+    path = Path(path)
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path}: no config.json, so this is not a model folder")
     if not list(path.glob("*.safetensors")):
@@ -49,6 +48,8 @@ def load_folder(source: str, dtype: mx.Dtype | None, split: Split | None = None)
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise ModelLoadError(f"{path}: no tokenizer files (none of {', '.join(TOKENIZER_FILES)})")
     import mlx_lm
+
+    from .progress import evaluate
 
     cfg = _read_config(path)
     if split is not None:
@@ -63,7 +64,7 @@ def load_folder(source: str, dtype: mx.Dtype | None, split: Split | None = None)
         raise ModelLoadError(f"{path}: cannot load the model: {one_line(e)}") from e
     model = to_dtype(model, dtype, evaluate=False)
     sharding = split.apply(model, cfg) if split is not None else None
-    mx.eval(model.parameters())  # a sharded rank reads only its own part
+    evaluate(model.parameters(), f"Loading {path.name}", progress)  # a sharded rank reads only its own part
     return Target(model, tokenizer, source=str(path), sharding=sharding)
 
 

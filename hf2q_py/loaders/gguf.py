@@ -35,6 +35,7 @@ from .gguf_arch import (
 from .gguf_dequant import check_tensor_types
 from .gguf_file import GGUFHeader, read_header
 from .gguf_tensors import read_tensors
+from .progress import evaluate
 
 GROUP = 32
 
@@ -148,8 +149,10 @@ def _scales_as(weights: dict[str, mx.array], bits: dict[str, int], dtype: mx.Dty
     return {n: cast(n, v) for n, v in weights.items()}
 
 
-def _load_model(header: GGUFHeader, spec: ArchSpec, cfg: dict[str, Any], dtype: mx.Dtype | None):
-    tensors = read_tensors(header, keep_quantized=dtype is None)
+def _load_model(
+    header: GGUFHeader, spec: ArchSpec, cfg: dict[str, Any], dtype: mx.Dtype | None, progress: bool = False
+):
+    tensors = read_tensors(header, keep_quantized=dtype is None, progress=progress)
     cfg = rope_config(cfg, tensors)
     weights, bits = convert_weights(tensors, cfg, spec)
     if dtype is not None or not bits:
@@ -164,9 +167,13 @@ def _load_model(header: GGUFHeader, spec: ArchSpec, cfg: dict[str, Any], dtype: 
     return model
 
 
-def load_gguf(path: Path, dtype: mx.Dtype | None, split: Split | None = None) -> Target:
-    """Load a GGUF file; ``dtype`` None keeps 4/8-bit weights quantized;
-    ``split`` shards the model (every rank reads the file and keeps its part)."""
+def load_gguf(
+    path: Path, dtype: mx.Dtype | None, split: Split | None = None, progress: bool = False
+) -> Target:
+    """Load a GGUF file (any part of a split GGUF loads all of them); ``dtype``
+    None keeps 4/8-bit weights quantized; ``split`` shards the model (every
+    rank reads the file and keeps its part); ``progress`` shows the reading
+    and converting on bars."""
     path = Path(path)
     if not path.is_file():
         raise ModelLoadError(f"{path}: no such file")
@@ -178,8 +185,9 @@ def load_gguf(path: Path, dtype: mx.Dtype | None, split: Split | None = None) ->
     # The tokenizer (Python and Rust) builds while MLX reads and converts the tensors.
     with ThreadPoolExecutor(max_workers=1) as pool:
         tokenizer_job = pool.submit(tokenizer_from_gguf, header.metadata)
-        model = _load_model(header, spec, cfg, dtype)
+        model = _load_model(header, spec, cfg, dtype, progress)
         sharding = split.apply(model, cfg) if split is not None else None
-        model = to_dtype(model, dtype)  # evaluates the weights (a rank's own part)
+        model = to_dtype(model, dtype, evaluate=False)
+        evaluate(model.parameters(), f"Converting {header.path.name}", progress)  # a rank's own part
         tokenizer = tokenizer_job.result()
-    return Target(model, tokenizer, source=str(path), sharding=sharding)
+    return Target(model, tokenizer, source=str(header.path), sharding=sharding)

@@ -1,5 +1,7 @@
 """The GGUF container: metadata and tensor directory, read without touching
-tensor data (the tensors themselves: ``gguf_tensors``).
+tensor data (the tensors themselves: ``gguf_tensors``). A split GGUF
+(llama.cpp's gguf-split: ``<stem>-00001-of-0000N.gguf`` parts, the metadata
+in the first) reads as one header whose tensors name the part holding them.
 
 The header is parsed directly (the ``gguf`` package's ``GGUFReader`` builds a
 Python object per string and takes ~20 s on a 262k-token vocabulary).
@@ -8,6 +10,7 @@ Python object per string and takes ~20 s on a 262k-token vocabulary).
 from __future__ import annotations
 
 import mmap
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,13 +56,15 @@ _STRING, _ARRAY = 8, 9
 @dataclass(frozen=True)
 class TensorInfo:
     """One tensor's directory entry. ``shape`` is numpy order (rows first);
-    ``offset`` is absolute in the file; ``ggml_type`` a ``GGMLQuantizationType`` value."""
+    ``offset`` is absolute in ``file`` (the part of a split GGUF holding it;
+    None: the header's file); ``ggml_type`` a ``GGMLQuantizationType`` value."""
 
     name: str
     shape: tuple[int, ...]
     ggml_type: int
     offset: int
     nbytes: int
+    file: Path | None = None
 
     @property
     def type_name(self) -> str:
@@ -73,11 +78,17 @@ class TensorInfo:
 
 @dataclass
 class GGUFHeader:
-    """Everything in a GGUF file except the tensor data."""
+    """Everything in a GGUF file except the tensor data; ``parts``: a split
+    GGUF's files in order (``path`` is the first), else just ``path``."""
 
     path: Path
     metadata: dict[str, Any]
     tensors: dict[str, TensorInfo]
+    parts: tuple[Path, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.parts:
+            self.parts = (self.path,)
 
     @property
     def architecture(self) -> str | None:
@@ -147,8 +158,47 @@ class _Cursor:
         return self.scalar(vtype)
 
 
+#: A split GGUF part's name: ``<stem>-00001-of-00003.gguf``.
+SPLIT_NAME = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
+
+
 def read_header(path: Path) -> GGUFHeader:
-    """Parse metadata and the tensor directory (no tensor data is read)."""
+    """Parse metadata and the tensor directory (no tensor data is read); a
+    part of a split GGUF reads every part (from any of them)."""
+    header = _read_one(Path(path))
+    count = int(header.metadata.get("split.count", 1) or 1)
+    if count <= 1:
+        return header
+    parts = split_parts(Path(path), count)
+    headers = [header if p == Path(path) else _read_one(p) for p in parts]
+    tensors: dict[str, TensorInfo] = {}
+    for i, (part, h) in enumerate(zip(parts, headers)):
+        if h.metadata.get("split.no") != i or h.metadata.get("split.count") != count:
+            raise ModelLoadError(f"{part}: not part {i + 1} of the {count}-part split GGUF {parts[0].name}")
+        for name, info in h.tensors.items():
+            tensors[name] = TensorInfo(info.name, info.shape, info.ggml_type, info.offset, info.nbytes, part)
+    want = headers[0].metadata.get("split.tensors.count")
+    if want is not None and want != len(tensors):
+        raise ModelLoadError(f"{parts[0]}: the split GGUF's parts hold {len(tensors)} tensors, not {want}")
+    return GGUFHeader(parts[0], headers[0].metadata, tensors, tuple(parts))
+
+
+def split_parts(path: Path, count: int) -> list[Path]:
+    """The ``count`` parts of the split GGUF ``path`` belongs to, in order
+    (beside it, named as llama.cpp's gguf-split names them)."""
+    m = SPLIT_NAME.match(path.name)
+    if m is None or int(m.group("count")) != count:
+        raise ModelLoadError(
+            f"{path}: a split GGUF part ({count} parts) not named <name>-00001-of-{count:05d}.gguf"
+        )
+    parts = [path.with_name(f"{m.group('stem')}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    missing = [p.name for p in parts if not p.is_file()]
+    if missing:
+        raise ModelLoadError(f"{path.name}: part of a {count}-part split GGUF; missing {', '.join(missing)}")
+    return parts
+
+
+def _read_one(path: Path) -> GGUFHeader:
     try:
         with open(path, "rb") as f:
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)

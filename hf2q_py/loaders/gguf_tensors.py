@@ -5,14 +5,16 @@ every type of the file, otherwise memory-mapped and copied, then dequantized
 from __future__ import annotations
 
 import mmap
+from contextlib import ExitStack
 
 import mlx.core as mx
 import numpy as np
 
 from ..errors import ModelLoadError
 from .gguf_dequant import dequantize
-from .gguf_file import GGUFHeader
+from .gguf_file import GGUFHeader, TensorInfo
 from .gguf_quant import keeps, quantized
+from .progress import counted
 
 #: Tensor types that ``mx.load`` reads correctly (quantized ones as MLX affine
 #: weight/scales/biases, group 32). It also *accepts* some K-quant files but
@@ -24,37 +26,54 @@ _FLOAT_TYPES = {"F32": "<f4", "F16": "<f2"}
 CHUNK_WEIGHTS = 1 << 24
 
 
-def read_tensors(header: GGUFHeader, keep_quantized: bool = False) -> dict[str, mx.array]:
+def read_tensors(
+    header: GGUFHeader, keep_quantized: bool = False, progress: bool = False
+) -> dict[str, mx.array]:
     """Every tensor, each read once: through ``mx.load`` when it reads all of
     the file's types (quantized ones stay quantized), otherwise memory-mapped
     and copied. Quantized tensors then become floats (float32, lazily, by MLX
     where it can), or with ``keep_quantized`` MLX quantized triples
     (``NAME.weight``, ``NAME.scales``, ``NAME.biases``) where
-    ``gguf_quant`` can hold their type (the others still become floats)."""
-    path = header.path
+    ``gguf_quant`` can hold their type (the others still become floats).
+    Every part of a split GGUF is read; ``progress`` counts the tensors
+    copied on a bar."""
     types = {t.type_name for t in header.tensors.values()}
     if types <= MX_LOAD_TYPES:
-        try:
-            return mx.load(str(path))
-        except Exception as e:
-            raise ModelLoadError(f"{path}: cannot read its tensors ({e})") from e
+        out: dict[str, mx.array] = {}
+        for path in header.parts:
+            try:
+                out.update(mx.load(str(path)))
+            except Exception as e:
+                raise ModelLoadError(f"{path}: cannot read its tensors ({e})") from e
+        return out
     out = {}
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        for info in header.tensors.values():
-            raw = np.frombuffer(buf, np.uint8, info.nbytes, info.offset)
-            if info.type_name in _FLOAT_TYPES:
-                out[info.name] = mx.array(
-                    raw.view(_FLOAT_TYPES[info.type_name]).reshape(info.shape), dtype=mx.float32
-                )
-            elif keep_quantized and keeps(info.type_name) and info.name.endswith(".weight"):
-                stem = info.name.removesuffix(".weight")
-                triple = _kept(raw, info.type_name, info.shape)
-                for kind, value in zip(("weight", "scales", "biases"), triple):
-                    out[f"{stem}.{kind}"] = value
-            else:
-                out[info.name] = dequantize(raw, info)
+    infos = counted(header.tensors.values(), len(header.tensors), f"Reading {header.path.name}", progress)
+    with ExitStack() as stack:
+        maps = {}
+        for info in infos:
+            path = info.file or header.path
+            if path not in maps:
+                f = stack.enter_context(open(path, "rb"))
+                maps[path] = stack.enter_context(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+            raw = np.frombuffer(maps[path], np.uint8, info.nbytes, info.offset)
+            _read_one(out, raw, info, keep_quantized)
             del raw
     return out
+
+
+def _read_one(out: dict[str, mx.array], raw: np.ndarray, info: TensorInfo, keep_quantized: bool) -> None:
+    """One tensor's values (or quantized triple) from its raw bytes into ``out``."""
+    if info.type_name in _FLOAT_TYPES:
+        out[info.name] = mx.array(
+            raw.view(_FLOAT_TYPES[info.type_name]).reshape(info.shape), dtype=mx.float32
+        )
+    elif keep_quantized and keeps(info.type_name) and info.name.endswith(".weight"):
+        stem = info.name.removesuffix(".weight")
+        triple = _kept(raw, info.type_name, info.shape)
+        for kind, value in zip(("weight", "scales", "biases"), triple):
+            out[f"{stem}.{kind}"] = value
+    else:
+        out[info.name] = dequantize(raw, info)
 
 
 def _kept(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> tuple[mx.array, ...]:

@@ -552,9 +552,18 @@ def check_against_target(cfg: DrafterConfig, target: Any) -> None:
 BORROWED = ("embed_tokens.", "lm_head.", "model.embed_tokens.")
 
 
-def load_drafter(path: str | Path, dtype: Any = None) -> Drafter:
-    """Read a drafter folder (config.json + *.safetensors)."""
-    path = Path(path)
+#: A drafter folder's files (what a hub repo's drafter downloads).
+DRAFTER_FILES = ["config.json", "*.safetensors", VOCAB_FILE]
+
+
+def load_drafter(
+    path: str | Path, dtype: Any = None, *, offline: bool = False, progress: bool | None = None
+) -> Drafter:
+    """Read a drafter folder (config.json + *.safetensors): a local folder,
+    or a hub repo (``owner/name``) downloaded into the Hugging Face cache
+    unless already there (``offline``: never; ``progress``: bars on stderr,
+    None: when stderr is a terminal)."""
+    path = drafter_folder(path, offline=offline, progress=progress)
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"drafter folder {path} has no config.json")
     try:
@@ -588,6 +597,18 @@ def load_drafter(path: str | Path, dtype: Any = None) -> Drafter:
     mx.eval(drafter.parameters())
     drafter.eval()
     return drafter
+
+
+def drafter_folder(source: str | Path, *, offline: bool = False, progress: bool | None = None) -> Path:
+    """The local folder of a drafter: ``source`` itself when it exists, else
+    the hub repo it names, with its drafter files downloaded."""
+    path = Path(source).expanduser()
+    if path.exists():
+        return path
+    from ..loaders.folder import resolve_folder
+    from ..loaders.progress import shown
+
+    return resolve_folder(str(source), offline=offline, progress=shown(progress), patterns=DRAFTER_FILES)
 
 
 def _read_vocab(path: Path, vocab_size: int) -> DraftVocab:

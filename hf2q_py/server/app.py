@@ -102,12 +102,9 @@ class Service:
     # -- requests --------------------------------------------------------------
     def job(self, req: ChatRequest | CompletionRequest, loop) -> tuple[Job, str, ToolUse | None]:
         """The worker job for a request, its method's label and its use of
-        tools (None: the answer is plain text); raises ApiError."""
-        if req.model is not None and req.model != self.config.model_name:
-            raise ApiError(
-                404, f"the model {req.model!r} does not exist; this server has {self.config.model_name!r}",
-                "model_not_found",
-            )  # fmt: skip
+        tools (None: the answer is plain text); raises ApiError. The
+        request's ``model`` may name anything: the server has one model, and
+        the response names it."""
         problem = req.unsupported()
         if problem:
             raise ApiError(400, problem, code="unsupported_parameter")
@@ -362,7 +359,8 @@ def create_app(worker: Worker, config: ServerConfig) -> Any:
 
     @app.get("/v1/models")
     async def models() -> dict:
-        card = {"id": config.model_name, "object": "model", "created": 0, "owned_by": "hf2q-py"}
+        card = {"id": config.model_name, "object": "model", "created": 0, "owned_by": "hf2q-py",
+                "max_model_len": service.context}  # fmt: skip
         return {"object": "list", "data": [card]}
 
     @app.get("/health")

@@ -39,7 +39,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         default=None,
-        help="model folder, HF repo id (local cache) or GGUF file; default: built-in SmolLM2-135M-Instruct",
+        help="a GGUF file, a model folder, or a Hugging Face hub model: owner/name, owner/name:QUANT "
+        "(a GGUF quantization, e.g. :Q4_K_M) or owner/name/file.gguf, downloaded once into the HF cache; "
+        "default: the built-in SmolLM2-135M-Instruct",
     )
     p.add_argument(
         "--dtype",
@@ -58,14 +60,47 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="keep MLX's own BLAS on Linux CPUs (slower; bit-identical batched/single-token matmuls)",
     )
+    add_hub_args(p)
+
+
+def add_hub_args(p: argparse.ArgumentParser) -> None:
+    """``--offline`` and ``--progress``: how hub models are fetched and loads shown."""
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        help="load hub models from the Hugging Face cache only, never download (as HF_HUB_OFFLINE=1)",
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bars on stderr while downloading and loading "
+        "(default: when stderr is a terminal, and not with --json)",
+    )
+
+
+def load_options(args: argparse.Namespace) -> dict:
+    """``offline`` and ``progress`` for ``hf2q_py.load`` from the flags
+    (``--json`` keeps stderr quiet unless ``--progress`` is given)."""
+    progress = args.progress
+    if progress is None and getattr(args, "json", False):
+        progress = False
+    return {"offline": args.offline, "progress": progress}
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--method", default="baseline", help=f"{METHOD_SPEC_HELP} (default: baseline)")
+    p.add_argument(
+        "--method",
+        default=DEFAULT_METHOD,
+        help=f"{METHOD_SPEC_HELP} (default: {DEFAULT_METHOD}; baseline: plain decoding)",
+    )
     add_method_flags(p)
     add_sampling_args(p)
 
 
+#: What ``generate`` speculates with unless told: n-gram drafting costs a few
+#: percent at most where it finds nothing to copy.
+DEFAULT_METHOD = "ngram"
 METHOD_SPEC_HELP = (
     "a method spec NAME[:key=value,flag,...], NAME one of baseline, ngram, draft, layerskip, dflash; "
     "e.g. 'ngram:k=8,fixed' or 'layerskip:skip_layers=[3,5,7]'"
@@ -156,26 +191,27 @@ def parse_command_methods(text: str, args: argparse.Namespace, defaults: dict | 
     return fill_options(parse_methods(text), flag_options(args), defaults)
 
 
-def check_sources(specs) -> None:
-    """Draft models and drafter folders named by the methods exist (before any load)."""
+def check_sources(specs, offline: bool = False) -> None:
+    """Draft models and drafters named by the methods exist (before any load or download)."""
     from hf2q_py.loaders import check_source
 
     for s in specs:
         if isinstance(s.options.get("draft"), str):
-            check_source(s.options["draft"])
+            check_source(s.options["draft"], offline=offline)
         if isinstance(s.options.get("drafter"), str):
-            check_drafter_folder(s.options["drafter"])
+            check_drafter_folder(s.options["drafter"], offline=offline)
 
 
 def load_target(args: argparse.Namespace):
-    """The ``--model`` target, sharded by ``--shard`` over the ``mlx.launch`` group if any."""
+    """The ``--model`` target (downloaded first if it is a hub model not in the
+    cache), sharded by ``--shard`` over the ``mlx.launch`` group if any."""
     import hf2q_py
     from hf2q_py.distributed import launched_group
 
     group = launched_group()
     if group is None:
-        return hf2q_py.load(args.model, dtype=args.dtype)
-    return hf2q_py.load(args.model, dtype=args.dtype, group=group, shard=args.shard)
+        return hf2q_py.load(args.model, dtype=args.dtype, **load_options(args))
+    return hf2q_py.load(args.model, dtype=args.dtype, group=group, shard=args.shard, **load_options(args))
 
 
 def sharding_fields(target) -> dict:
@@ -184,17 +220,23 @@ def sharding_fields(target) -> dict:
     return {"ranks": sh.size if sh is not None else 1, "shard": sh.mode if sh is not None else "none"}
 
 
-def load_drafts(specs, dtype: str) -> None:
-    """Replace draft model paths by the loaded models (with ``dtype``, once each)."""
+def load_drafts(specs, dtype: str, offline: bool = False, progress: bool | None = None) -> None:
+    """Replace draft model sources by the loaded models (with ``dtype``, once
+    each), and hub drafters by their downloaded folders."""
     import hf2q_py
+    from hf2q_py.proposers.dflash_drafter import drafter_folder
 
     loaded = {}
     for s in specs:
         src = s.options.get("draft")
         if isinstance(src, str):
             if src not in loaded:
-                loaded[src] = hf2q_py.load(src, dtype=dtype)
+                loaded[src] = hf2q_py.load(src, dtype=dtype, offline=offline, progress=progress)
             s.options["draft"] = loaded[src]
+        if isinstance(s.options.get("drafter"), str):
+            s.options["drafter"] = str(
+                drafter_folder(s.options["drafter"], offline=offline, progress=progress)
+            )
 
 
 def read_prompt(args: argparse.Namespace) -> str:
@@ -212,10 +254,23 @@ def read_prompt(args: argparse.Namespace) -> str:
     return text
 
 
-def check_drafter_folder(path: str | None) -> None:
-    """A --drafter that is not a folder is refused before any model loads."""
-    if path is not None and not os.path.isdir(os.path.expanduser(path)):
-        raise Hf2qError(f"--drafter {path}: no such folder")
+def check_drafter_folder(path: str | None, offline: bool = False) -> None:
+    """A --drafter that is neither a folder nor a hub repo is refused before any model loads."""
+    if path is None or os.path.isdir(os.path.expanduser(path)):
+        return
+    from hf2q_py.loaders.hub import HubName, check, parse_source
+    from hf2q_py.proposers.dflash_drafter import DRAFTER_FILES
+
+    try:
+        found = parse_source(path)
+    except Hf2qError:
+        found = None
+    if not isinstance(found, HubName) or found.quant is not None or found.file is not None:
+        raise Hf2qError(f"--drafter {path}: no such folder, and not a hub repo (owner/name)")
+    try:
+        check(path, offline=offline, patterns=DRAFTER_FILES)
+    except Hf2qError as e:
+        raise Hf2qError(f"--drafter: {e}") from None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -227,7 +282,10 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``hf2q-py`` parser: one subcommand per entry of ``COMMANDS``."""
+    from hf2q_py import __version__
+
     parser = _Parser(prog="hf2q-py", description="Speculative decoding on MLX.")
+    parser.add_argument("--version", action="version", version=f"hf2q-py {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     add_generate_parser(sub)
     add_ab_parser(sub)
@@ -349,6 +407,7 @@ def add_train_dflash_parser(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser("train-dflash", help="train a DFlash block drafter for a model by self-distillation")
     t.add_argument("--target", default=None, help="target model (as --model); default: the built-in model")
     t.add_argument("--dtype", default="auto", help="target dtype (as for generate)")
+    add_hub_args(t)
     t.add_argument(
         "--out",
         required=True,
@@ -477,7 +536,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--served-model-name",
         default=None,
-        help="the model's name in the API (default: the file or folder name)",
+        help="the model's name in the API (default: --model as given for a hub model, "
+        "else the file's name without .gguf or the folder's name)",
     )
     s.add_argument(
         "--max-tokens",
@@ -535,13 +595,13 @@ def cmd_train_dflash(args: argparse.Namespace) -> int:
     cfg = train_config(args)
     cfg.validate()
     parse_dtype(args.dtype)
-    check_source(args.target)
+    check_source(args.target, offline=args.offline)
     prompts = read_prompts(args.prompts) if args.prompts else default_prompts(args.samples, seed=args.seed)
     if len(prompts) < args.samples:
         raise Hf2qError(f"--samples {args.samples} but only {len(prompts)} prompts")
     prompts = prompts[: args.samples]
     data = prepare_out(cfg, run_record(args.target, prompts, args.max_new_tokens))  # before the slow load
-    target = hf2q_py.load(args.target, dtype=args.dtype)
+    target = hf2q_py.load(args.target, dtype=args.dtype, **load_options(args))
     cfg.check_target(target)  # before the slow data generation
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     rows = self_distill(
@@ -611,7 +671,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     common = {"temperature": args.temp, "seed": args.seed} if args.temp != 0 else {}
     for m in methods:  # every option is checked before the model loads
         make_config(max_tokens=args.max_tokens, **common, **m.options)
-    check_sources(methods)
+    check_sources(methods, args.offline)
     only = [x for x in (args.only or "").split(",") if x]
     workloads = [w for w in default_workloads() if not only or any(x in w.name for x in only)]
     if not workloads:
@@ -624,9 +684,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if path:
             check_writable(path, what)
     parse_dtype(args.dtype)
-    check_source(args.model)
+    check_source(args.model, offline=args.offline)
     target = load_target(args)
-    load_drafts(methods, args.dtype)
+    load_drafts(methods, args.dtype, **load_options(args))
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     rows = run_bench(
         target, workloads, methods, max_tokens=args.max_tokens, repeats=args.repeats, common=common, log=log
@@ -698,10 +758,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         **sampling_options(args),
     )
     parse_dtype(args.dtype)
-    check_source(args.model)
-    check_sources([spec])
+    check_source(args.model, offline=args.offline)
+    check_sources([spec], args.offline)
     target = load_target(args)
-    load_drafts([spec], args.dtype)
+    load_drafts([spec], args.dtype, **load_options(args))
     config.spec.draft = spec.options.get("draft")
     ids = encode_prompt(target, prompt, config.chat_template)
     on_round = None
@@ -804,10 +864,10 @@ def cmd_ab(args: argparse.Namespace) -> int:
     if args.markdown:
         check_writable(args.markdown, "--markdown file")
     parse_dtype(args.dtype)
-    check_source(args.model)
-    check_sources(methods)
+    check_source(args.model, offline=args.offline)
+    check_sources(methods, args.offline)
     target = load_target(args)
-    load_drafts(methods, args.dtype)
+    load_drafts(methods, args.dtype, **load_options(args))
     from hf2q_py.proposers.draft_model import check_compatible
 
     for m in methods:
@@ -871,6 +931,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from hf2q_py.generation import make_config
     from hf2q_py.loaders import check_source
     from hf2q_py.loaders.convert import parse_dtype
+    from hf2q_py.loaders.hub import display_name
     from hf2q_py.method_spec import MethodSpec
     from hf2q_py.prompt_cache import PromptCache
     from hf2q_py.server import ServerConfig, serve
@@ -884,9 +945,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_float("temp", args.temp, 0.0, 2.0)
     key = api_key(args)
     parse_dtype(args.dtype)
-    check_source(args.model)
+    check_source(args.model, offline=args.offline)
     served = MethodSpec("served", {"method": "draft", **files})
-    check_sources([spec, served])
+    check_sources([spec, served], args.offline)
     from hf2q_py.distributed import launched_group
 
     if launched_group() is not None and args.shard == "none":
@@ -895,14 +956,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     follower = _rank() > 0  # under mlx.launch, rank 0 serves and the others follow it
     sock = None if follower else bind(args.host, args.port)  # a port in use: refused before loading
     target = load_target(args)
-    load_drafts([served], args.dtype)
-    if "draft" in spec.options:
-        spec.options["draft"] = served.options["draft"]
+    load_drafts([served], args.dtype, **load_options(args))
+    for option in ("draft", "drafter"):
+        if option in spec.options:
+            spec.options[option] = served.options[option]
     if not args.no_prompt_cache:
         target.prompt_cache = PromptCache(args.prompt_cache_entries, args.prompt_cache_bytes)
     if follower:
         return follow(target, served.options)
-    name = args.served_model_name or Path(str(target.source)).name.removesuffix(".gguf")
+    name = args.served_model_name or display_name(args.model)
     config = ServerConfig(
         model_name=name,
         method=spec.label,
