@@ -81,6 +81,7 @@ class Entry:
     seq: Sequence | None = None
     chunker: Chunker | None = None
     pending: list[int] = field(default_factory=list)  # prompt tokens still to prefill
+    hidden: dict[int, list] = field(default_factory=dict)  # captured states of the chunks prefilled
     batched: bool = True
     cancelled: bool = False
 
@@ -153,6 +154,9 @@ class Scheduler:
             entry = self.alone[0]
             self.alone.rotate(-1)
             self._solo(entry)
+            self.rounds_by_size[1] = self.rounds_by_size.get(1, 0) + 1
+        if len(self.rows) == 1 and not self.joining and not self.waiting:
+            self._to_alone(self.rows[0])
 
     def run(self) -> None:
         """Step until every submitted generation is finished."""
@@ -175,32 +179,71 @@ class Scheduler:
             self.joining.append(entry)
 
     def _prefill(self, entry: Entry) -> None:
-        """One chunk of a joining prompt; a prompt done joins the batch (or runs alone)."""
+        """One chunk of a joining prompt; a prompt done starts running (:meth:`_place`)."""
         seq = entry.seq
         try:
             if entry.pending:
-                chunk, entry.pending = (
-                    entry.pending[: self.config.prefill_chunk],
-                    entry.pending[self.config.prefill_chunk :],
-                )
-                seq.rt.prefill(chunk, logits="none")
-                mx.eval(seq.rt.state())
+                size = self.config.prefill_chunk
+                chunk, entry.pending = entry.pending[:size], entry.pending[size:]
+                fwd = seq.rt.prefill(chunk, logits="none", capture_layers=seq.capture)
+                mx.eval(seq.rt.state(), list(fwd.hidden.values()))
+                for i, h in fwd.hidden.items():
+                    entry.hidden.setdefault(i, []).append(h)
             if entry.pending:
                 return
             cache = self.target.prompt_cache
-            if cache is not None and not seq.rt.trimmable and len(seq.prompt) > 1:
+            if cache is not None and not seq.rt.trimmable and len(seq.prompt) - 1 > seq.stats.cached_tokens:
                 cache.add(seq.rt.snapshot(seq.prompt[:-1]))
-            seq.after_prefill({})
+            hidden = {
+                i: mx.concatenate(hs, axis=1) if len(hs) > 1 else hs[0] for i, hs in entry.hidden.items()
+            }
+            entry.hidden = {}
+            seq.after_prefill(hidden)
         except Exception as e:  # noqa: BLE001 - one request's failure ends it alone
             self.joining.popleft()
             self._fail(entry, e)
             return
         self.joining.popleft()
-        if entry.batched and not seq.capture:
-            seq.move(self.batch.add(entry.id, seq.rt))
-            self.rows.append(entry)
-        else:
+        self._place(entry)
+
+    def _place(self, entry: Entry) -> None:
+        """A generation whose prompt is in starts running: in the batch, or
+        alone when it cannot share forwards or nothing else could share them
+        (a generation alone runs the single-sequence loop: pipelined decodes,
+        its own cost model); the first batchable partner moves any batchable
+        generation running alone into the batch with it."""
+        if not entry.batched or entry.seq.capture:
+            entry.batched = False
             self.alone.append(entry)
+            return
+        mates = [e for e in self.alone if e.batched]
+        if not self.rows and not mates:
+            self.alone.append(entry)
+            return
+        for mate in mates:
+            self.alone.remove(mate)
+            self._to_batch(mate)
+        self._to_batch(entry)
+
+    def _to_batch(self, entry: Entry) -> None:
+        """Move a generation (prefilled, or running alone) into the batch."""
+        seq = entry.seq
+        seq.settle_flight()
+        seq.move(self.batch.add(entry.id, seq.rt))
+        self.rows.append(entry)
+
+    def _to_alone(self, entry: Entry) -> None:
+        """Move the batch's last row out, to run alone: its caches rebuilt
+        from the batch's as a prompt-cache state would be."""
+        seq = entry.seq
+        n = len(seq.tokens) - 1
+        rt = self.target.runtime(slack=max(64, seq.policy.k_max + 2), rollback=seq.policy.k_max + 2)
+        if n > 0:
+            rt.restore(seq.rt.snapshot(seq.tokens[:-1]), n)
+        self.batch.remove([entry.id])
+        self.rows.remove(entry)
+        seq.move(rt)
+        self.alone.append(entry)
 
     def _round(self) -> None:
         """One batched round of every running row."""

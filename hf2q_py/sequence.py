@@ -177,8 +177,20 @@ class Sequence:
         self.proposer.start(rt, self.prompt, hidden, self.decider)
 
     def move(self, runtime: Any) -> None:
-        """Go on with another runtime holding the same state (a batch's row)."""
+        """Go on with another runtime holding the same state (a batch's row,
+        or a single sequence's runtime again); nothing may be in flight."""
         self.rt = runtime
+
+    def settle_flight(self) -> None:
+        """Drop a decode queued ahead (and drafts made meanwhile): the caches
+        then hold exactly the committed tokens but the last, as between
+        rounds; the dropped decode is computed again next round."""
+        if self.flight is not None:
+            self.flight = None
+            extra = self.rt.offset - (len(self.tokens) - 1)
+            if extra > 0:
+                self.rt.trim(extra)
+        self.early = self.ready = None
 
     def step(self) -> list[int]:
         """One round: queue it (unless a chained decode already is), read it,

@@ -96,6 +96,30 @@ def test_rows_join_and_leave_mid_generation_and_each_still_equals_solo():
     assert max(scheduler.rounds_by_size) == 2
 
 
+@pytest.mark.parametrize("arch, scale", [("gemma4_text", 1.5), ("qwen3_next", 1.0)])
+def test_a_generation_moves_from_alone_into_the_batch_and_back_and_still_equals_solo(arch, scale):
+    target = tiny_target(arch, scale=scale)
+    scheduler = Scheduler(target, SchedulerConfig(max_batch=4))
+    first, first_sink = submit(scheduler, target, PROMPTS[3], max_tokens=60, **REJECTING)
+    for _ in range(8):
+        scheduler.step()
+    assert first in scheduler.alone  # alone: the single-sequence loop
+    _, second_sink = submit(scheduler, target, PROMPTS[1], max_tokens=12, **REJECTING)
+    batched = alone_again = False
+    while not scheduler.idle:
+        scheduler.step()
+        batched |= first in scheduler.rows
+        alone_again |= batched and first in scheduler.alone
+    assert batched and alone_again
+    for prompt, n, sink in ((PROMPTS[3], 60, first_sink), (PROMPTS[1], 12, second_sink)):
+        assert_same_greedy(
+            target.model,
+            prompt,
+            sink.tokens,
+            hf2q_py.generate(target, prompt, max_tokens=n, **REJECTING).tokens,
+        )
+
+
 def test_a_long_prompt_is_prefilled_in_chunks_while_the_others_keep_decoding():
     target = tiny_target("llama")
     scheduler = Scheduler(target, SchedulerConfig(max_batch=4, prefill_chunk=16))
@@ -161,13 +185,13 @@ def test_a_finished_row_leaves_a_state_the_next_request_reuses():
 def test_a_batched_round_makes_one_blocking_read():
     target = tiny_target("llama", scale=2.0)
     scheduler = Scheduler(target, SchedulerConfig(max_batch=4))
-    for p in PROMPTS[:4]:
-        submit(scheduler, target, p, max_tokens=30, **REJECTING)
+    for p, n in zip(PROMPTS[:4], (30, 35, 40, 45)):
+        submit(scheduler, target, p, max_tokens=n, **REJECTING)
     while scheduler.joining or scheduler.waiting:
         scheduler.step()
     rounds = 0
     with count_reads() as reads:
-        while scheduler.rows:
+        while len(scheduler.rows) > 2:  # (the last row leaves the batch to run alone: a read of its own)
             scheduler.step()
             rounds += 1
     assert rounds > 5 and reads.reads == rounds
