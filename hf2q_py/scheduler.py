@@ -20,6 +20,7 @@ import itertools
 import logging
 import time
 from collections import deque
+from collections import abc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,10 +32,11 @@ from .config import GenerationConfig
 from .draft_length import AdaptiveK, FixedK
 from .draft_length.batch import BatchCosts, Offer, plan_width, survival
 from .errors import Hf2qError, one_line
-from .generation import Chunker, GenerationChunk, make_sequence
+from .generation import Chunker, GenerationChunk, GenerationResult, encode_prompt, make_config, make_sequence
 from .methods import method_named
 from .proposers.base import Draft
 from .sequence import Sequence, pack, unpack
+from .sampling import TokenLogprob
 from .stats import GenerationStats, Round
 from .target import Target
 
@@ -412,3 +414,66 @@ class _Failure(Hf2qError):
     def __init__(self, cause: Exception):
         super().__init__(f"the generation failed: {one_line(cause)}")
         self.cause = cause
+
+
+def batch_generate(
+    target: Target,
+    prompts: abc.Sequence[str | abc.Sequence[int]],
+    *,
+    max_tokens: int = 256,
+    method: str = "ngram",
+    max_batch: int = 8,
+    on_round: Callable[[Round], None] | None = None,
+    configs: abc.Sequence[GenerationConfig] | None = None,
+    **options: Any,
+) -> list[GenerationResult]:
+    """Generate completions of several prompts at once, sharing forwards:
+    up to ``max_batch`` run in one batch, each speculating with its own
+    drafts; the results come back in the order of ``prompts``, each as
+    ``generate`` would return it (greedy tokens equal, but at near-ties).
+
+    ``configs``: one ``GenerationConfig`` per prompt instead of the keyword
+    options (which :func:`stream_generate` lists).
+    """
+    if isinstance(prompts, str) or not isinstance(prompts, abc.Sequence):
+        raise Hf2qError("prompts must be a list of prompts (strings or token id lists)")
+    if configs is None:
+        configs = [make_config(max_tokens=max_tokens, method=method, **options)] * len(prompts)
+    elif options or max_tokens != 256 or method != "ngram":
+        raise Hf2qError("pass either configs= or keyword options, not both")
+    elif len(configs) != len(prompts):
+        raise Hf2qError(f"{len(configs)} configs for {len(prompts)} prompts")
+    scheduler = Scheduler(target, SchedulerConfig(max_batch=max_batch))
+    sinks = []
+    for prompt, config in zip(prompts, configs):
+        config.validate()
+        ids = encode_prompt(target, prompt, config.chat_template)
+        sink = _Collect(ids)
+        scheduler.submit(ids, config, sink, on_round)
+        sinks.append(sink)
+    scheduler.run()
+    return [s.result() for s in sinks]
+
+
+class _Collect:
+    """A scheduler sink that keeps one generation's output."""
+
+    def __init__(self, ids: list[int]):
+        self.ids, self.tokens, self.text = ids, [], []
+        self.logprobs: list[TokenLogprob] | None = None
+        self.stats: GenerationStats | None = None
+        self.error: Hf2qError | None = None
+
+    def chunk(self, chunk: GenerationChunk) -> None:
+        self.tokens.extend(chunk.tokens)
+        self.text.append(chunk.text)
+        if chunk.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + chunk.logprobs
+
+    def done(self, stats: GenerationStats, error: Hf2qError | None = None) -> None:
+        self.stats, self.error = stats, error
+
+    def result(self) -> GenerationResult:
+        if self.error is not None:
+            raise self.error
+        return GenerationResult(self.tokens, "".join(self.text), self.ids, self.stats, self.logprobs)
