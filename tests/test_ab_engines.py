@@ -196,3 +196,18 @@ def test_prompt_logits_are_compared_position_for_position(prompt_len):
         list(trace.tokens), False, prompt_logits=target.model(mx.array([ids]))[0, -2 - PROMPT_ROWS : -2]
     )
     assert engine_difference(target, ids, trace, shifted) > 0.1
+
+
+@pytest.mark.slow
+@needs_llama_cpp
+def test_llama_cpp_on_the_builtin_gguf_differs_at_most_at_near_ties():
+    """llama.cpp rounds activations to 8 bits for the Q4_1 weights that hf2q-py
+    dequantizes to float32: the measured difference is tenths of a logit."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "hf2q_py", "ab", "--methods", "llama.cpp", "--prompt", "Name three colours.",
+         "--max-tokens", "32", "--json"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (r,) = json.loads(proc.stdout)["results"]
+    assert r["verdict"] in ("identical", "near-tie") and 0.01 < r["logit_diff"] < 2.0

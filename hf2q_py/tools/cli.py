@@ -870,6 +870,8 @@ def cmd_ab(args: argparse.Namespace) -> int:
     if args.record:
         write_references(args.record, record_lines(target, cases, report.traces))
         log(f"recorded {len(cases)} case(s) to {args.record}")
+    if not report.results:
+        return 0  # recording only
     text, line = table(report.results), summary(report)
     if args.json:
         noise = report.noise.__dict__ if report.noise is not None else None

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 
-from ..errors import Hf2qError
+from ..errors import Hf2qError, one_line
 from ..target import Target
 
 MLX_LM = "mlx-lm"
@@ -132,9 +132,12 @@ class LlamaCppEngine:
         from llama_cpp import Llama
 
         self.eos = set(eos)
-        self.llm: Any = Llama(
-            str(path), n_ctx=context, n_batch=min(context, 512), logits_all=True, verbose=False, seed=0
-        )
+        try:
+            self.llm: Any = Llama(
+                str(path), n_ctx=context, n_batch=min(context, 512), logits_all=True, verbose=False, seed=0
+            )
+        except Exception as e:  # llama.cpp refuses files it cannot read (its message says why)
+            raise Hf2qError(f"llama.cpp could not load {path}: {one_line(e)}") from None
 
     def generate(self, prompt: list[int], max_tokens: int) -> EngineOutput:
         import numpy as np
