@@ -21,7 +21,7 @@ import time
 
 import hf2q_py  # first: OpenBLAS before mlx.core
 
-from hf2q_py.tools.ab import run_ab, table
+from hf2q_py.tools.ab import prompt_cases, run_ab, table
 from hf2q_py.generation import encode_prompt
 from hf2q_py.errors import run_script  # noqa: E402
 
@@ -147,10 +147,10 @@ def ab(gemma, path: str, ab_tokens: int) -> None:
         ("draft", dict(method="draft", draft=draft, k=4)),
         ("layerskip", dict(method="layerskip", skip_layers="auto", k=4)),
     ]
-    results, noise = run_ab(gemma, [(text, ids)], methods, max_tokens=ab_tokens)
-    print(table(results))
-    print(f"near-tie bound {noise.bound:.3g} over {noise.positions} positions")
-    if any(r.verdict == "MISMATCH" for r in results):
+    report = run_ab(gemma, prompt_cases([(text, ids)], ab_tokens), methods)
+    print(table(report.results))
+    print(f"near-tie bound {report.noise.bound:.3g} over {report.noise.positions} positions")
+    if report.count("MISMATCH"):
         raise SystemExit("FAIL: MISMATCH")
 
 

@@ -12,15 +12,30 @@ from helpers import UNGATED
 from models import ARCHS, random_prompt, tiny_target
 
 import hf2q_py
-from hf2q_py.tools.ab import baseline_trace, compare, near_tie_bound, run_ab
+import mlx.core as mx
+
+from hf2q_py.tools.ab import Trace, baseline_trace, compare, near_tie_bound, prompt_cases, run_ab
+from hf2q_py.tools.engines import EngineOutput
 
 
 def test_baseline_trace_is_the_baseline():
     target = tiny_target("llama", scale=2.0)
     prompt = random_prompt(10)
-    tokens, tops = baseline_trace(target, prompt, 30)
-    assert tokens == hf2q_py.generate(target, prompt, max_tokens=30, method="baseline").tokens
-    assert all(t[0][1] >= t[1][1] for t in tops)
+    trace = baseline_trace(target, prompt, 30)
+    assert trace.tokens == hf2q_py.generate(target, prompt, max_tokens=30, method="baseline").tokens
+    assert all(t[0][1] >= t[1][1] for t in trace.tops)
+    assert len(trace.rows) == 30 and not trace.ended
+    assert [int(mx.argmax(r).item()) for r in trace.rows] == trace.tokens
+
+
+def test_baseline_trace_keeps_the_step_that_chose_the_end():
+    target = tiny_target("llama", scale=2.0)
+    prompt = random_prompt(10)
+    free = baseline_trace(target, prompt, 30).tokens
+    target.eos_token_ids = {free[4]}
+    trace = baseline_trace(target, prompt, 30)
+    assert trace.ended and trace.tokens == free[: free.index(free[4])]
+    assert len(trace.rows) == len(trace.tokens) + 1
 
 
 def test_the_near_tie_bound_is_measured_and_small():
@@ -50,35 +65,72 @@ def test_the_near_tie_bound_is_twice_a_known_difference():
     assert noise.bound == pytest.approx(0.5, abs=2e-4)
 
 
-def test_compare_classifies_by_the_margin_at_the_first_difference():
+def test_compare_classifies_by_the_logit_gap_at_the_first_difference():
     target = tiny_target("llama", scale=2.0)
     prompt = random_prompt(8)
-    base, tops = baseline_trace(target, prompt, 12)
-    same = compare(target, prompt, base, tops, list(base), 1e-4, label="x")
+    base = baseline_trace(target, prompt, 12)
+    same = compare(target, prompt, base, EngineOutput(list(base.tokens), False), 1e-4, label="x")
     assert same.verdict == "identical" and same.divergence is None
-    wrong = list(base)
-    wrong[5] = (wrong[5] + 1) % 128
-    margin = tops[5][0][1] - tops[5][1][1]
-    fault = compare(target, prompt, base, tops, wrong, bound=margin / 2, label="x")
+    wrong = list(base.tokens)
+    wrong[5] = base.tops[5][1][0]  # plain decoding's runner-up
+    margin = base.tops[5][0][1] - base.tops[5][1][1]
+    fault = compare(target, prompt, base, EngineOutput(wrong, False), bound=margin / 2, label="x")
     assert fault.verdict == "MISMATCH" and fault.divergence.position == 5
     assert fault.divergence.margin == pytest.approx(margin)
-    tie = compare(target, prompt, base, tops, wrong, bound=margin * 2, label="x")
+    assert fault.divergence.gap == pytest.approx(margin) and fault.divergence.method_rank == 2
+    tie = compare(target, prompt, base, EngineOutput(wrong, False), bound=margin * 2, label="x")
     assert tie.verdict == "near-tie"
+
+
+def hand_made_trace(tops: list[list[tuple[int, float]]], vocab: int = 128) -> Trace:
+    """A trace whose logits are -10 except the top two written by hand."""
+    rows = []
+    for top in tops:
+        row = [-10.0] * vocab
+        for t, v in top:
+            row[t] = v
+        rows.append(mx.array(row))
+    return Trace([t[0][0] for t in tops], tops, rows, False)
 
 
 def test_compare_on_a_hand_made_trace():
     """Margins written by hand: 3.0, 0.5, 2.0 at positions 0, 1, 2."""
     target = tiny_target("llama")
-    base = [10, 11, 12]
-    tops = [[(10, 5.0), (7, 2.0)], [(11, 1.5), (8, 1.0)], [(12, 4.0), (9, 2.0)]]
-    r = compare(target, [1, 2, 3], base, tops, [10, 8, 12], bound=0.6, label="m")
+    base = hand_made_trace([[(10, 5.0), (7, 2.0)], [(11, 1.5), (8, 1.0)], [(12, 4.0), (9, 2.0)]])
+    r = compare(target, [1, 2, 3], base, EngineOutput([10, 8, 12], False), bound=0.6, label="m")
     assert (r.verdict, r.divergence.position, r.divergence.margin, r.min_margin) == ("near-tie", 1, 0.5, 0.5)
     assert (r.divergence.baseline_token, r.divergence.method_token) == (11, 8)
-    r = compare(target, [1, 2, 3], base, tops, [10, 11, 13], bound=0.6, label="m")
-    assert (r.verdict, r.divergence.position, r.divergence.margin) == ("MISMATCH", 2, 2.0)
-    r = compare(target, [1, 2, 3], base, tops, [10, 11], bound=0.6, label="m")  # stopped one token early
+    assert (r.divergence.baseline_logit, r.divergence.method_logit, r.divergence.method_rank) == (1.5, 1.0, 2)
+    r = compare(target, [1, 2, 3], base, EngineOutput([10, 11, 9], False), bound=0.6, label="m")
+    assert (r.verdict, r.divergence.position, r.divergence.margin, r.divergence.gap) == (
+        "MISMATCH",
+        2,
+        2.0,
+        2.0,
+    )
+    # a token outside plain decoding's top two: the gap to it counts, not the top-2 margin
+    r = compare(target, [1, 2, 3], base, EngineOutput([10, 11, 13], False), bound=2.5, label="m")
+    assert (r.verdict, r.divergence.gap, r.divergence.method_rank) == ("MISMATCH", 14.0, 3)
+    r = compare(target, [1, 2, 3], base, EngineOutput([10, 11], True), bound=0.6, label="m")  # ended early
     assert (r.verdict, r.divergence.position, r.divergence.method_token) == ("MISMATCH", 2, -1)
-    assert compare(target, [1, 2, 3], base, tops, base, bound=0.0, label="m").verdict == "identical"
+    same = compare(target, [1, 2, 3], base, EngineOutput([10, 11], None), bound=0.6, label="m")
+    assert same.verdict == "identical"  # a shorter output not known to have ended: compared as far as it goes
+    assert (
+        compare(target, [1, 2, 3], base, EngineOutput([10, 11, 12], False), 0.0, label="m").verdict
+        == "identical"
+    )
+
+
+def test_an_early_end_is_scored_by_the_end_of_sequence_logit():
+    target = tiny_target("llama")
+    target.eos_token_ids = {7}
+    base = hand_made_trace([[(10, 5.0), (7, 4.9)], [(11, 1.5), (8, 1.0)]])
+    r = compare(target, [1, 2, 3], base, EngineOutput([], True), bound=0.2, label="m")
+    assert (r.verdict, r.divergence.method_token, r.divergence.method_logit) == (
+        "near-tie",
+        -1,
+        pytest.approx(4.9),
+    )
 
 
 def test_run_ab_reports_a_real_difference_where_it_is():
@@ -89,13 +141,12 @@ def test_run_ab_reports_a_real_difference_where_it_is():
     plain = hf2q_py.generate(target, prompt, max_tokens=30, method="baseline").tokens
     other = hf2q_py.generate(target, prompt, max_tokens=30, repetition_penalty=3.0, method="baseline").tokens
     first = next(i for i, (a, b) in enumerate(zip(plain, other)) if a != b)
-    results, noise = run_ab(
+    report = run_ab(
         target,
-        [("p", prompt)],
+        prompt_cases([("p", prompt)], 30),
         [("penalty", dict(repetition_penalty=3.0)), ("ngram", dict(method="ngram", k=4))],
-        max_tokens=30,
     )
-    penalty, ngram = results
+    penalty, ngram = report.results
     assert penalty.verdict == "MISMATCH"
     assert (
         penalty.divergence.position,
@@ -110,9 +161,9 @@ def test_mlx_lm_speculation_past_the_window_is_a_mismatch_and_ours_is_not():
     target = tiny_target("gemma4_text", seed=0, scale=1.0)
     draft = tiny_target("gemma4_text", seed=1, scale=1.0)
     prompt = random_prompt(10)
-    results, noise = run_ab(
+    report = run_ab(
         target,
-        [("p", prompt)],
+        prompt_cases([("p", prompt)], 60),
         [
             (
                 "draft",
@@ -121,8 +172,8 @@ def test_mlx_lm_speculation_past_the_window_is_a_mismatch_and_ours_is_not():
             ("ngram", dict(method="ngram", k=4)),
             ("mlx-lm-draft", dict(draft=draft, k=4)),
         ],
-        max_tokens=60,
     )
+    results = report.results
     verdict = {r.method: r.verdict for r in results}
     assert verdict["draft"] in ("identical", "near-tie")
     assert verdict["ngram"] in ("identical", "near-tie")
@@ -158,7 +209,7 @@ def test_fuzz_every_method_equals_the_baseline(
     eos = {free[eos_at]} if eos_at is not None and eos_at < len(free) else set()
     target.eos_token_ids = eos
     try:
-        want, tops = baseline_trace(target, prompt, max_tokens)
+        want = baseline_trace(target, prompt, max_tokens)
         opts = dict(method=method, k=k, adaptive=adaptive)
         if method == "draft":
             opts.update(draft=cached_target(arch, 2.0 if scale == 1.0 else 1.0), **UNGATED)
@@ -168,8 +219,10 @@ def test_fuzz_every_method_equals_the_baseline(
                 opts = dict(method="ngram", k=k, adaptive=adaptive)
             else:
                 opts["skip_layers"] = [1]
-        got = hf2q_py.generate(target, prompt, max_tokens=max_tokens, **opts).tokens
-        res = compare(target, prompt, want, tops, got, 2e-3, label=method)
+        got = hf2q_py.generate(target, prompt, max_tokens=max_tokens, **opts)
+        res = compare(
+            target, prompt, want, EngineOutput(got.tokens, got.finish_reason == "stop"), 2e-3, label=method
+        )
         assert res.verdict != "MISMATCH", res
     finally:
         target.eos_token_ids = set()

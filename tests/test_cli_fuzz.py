@@ -160,8 +160,21 @@ def command_lines(files) -> st.SearchStrategy[list[str]]:
             [
                 *common,
                 flag(
-                    "--methods", ["ngram", "layerskip", "ngram,magic", "draft", "dflash", "mlx-lm-draft", ""]
+                    "--methods",
+                    [
+                        "ngram",
+                        "layerskip",
+                        "ngram,magic",
+                        "draft",
+                        "dflash",
+                        "mlx-lm-draft",
+                        "mlx-lm",
+                        "llama.cpp",
+                        "",
+                    ],
                 ),
+                flag("--reference", files["prompts"]),
+                flag("--record", files["out"]),
                 flag("--prompts", files["prompts"]),
                 flag("--prompt-file", files["prompt"]),
                 flag("--k", INTS),

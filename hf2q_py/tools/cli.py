@@ -351,20 +351,46 @@ def constraint_options(args: argparse.Namespace) -> dict:
 
 def add_ab_parser(sub: argparse._SubParsersAction) -> None:
     """``hf2q-py ab``."""
-    a = sub.add_parser("ab", help="compare methods with plain greedy decoding token by token")
+    a = sub.add_parser(
+        "ab", help="compare methods, other engines or recorded outputs with plain greedy decoding"
+    )
     add_model_args(a)
     a.add_argument(
         "--methods",
-        default="ngram",
+        default=None,
         help="method specs as for generate --method, separated by ';' "
-        "(or ',' when none has options); also mlx-lm-draft[:draft=PATH,k=N], mlx-lm's own speculative decoding",
+        "(or ',' when none has options); also mlx-lm-draft[:draft=PATH,k=N], mlx-lm's own speculative "
+        "decoding, and the engines mlx-lm (its greedy decoding of the same weights) and llama.cpp "
+        "(llama-cpp-python on the same GGUF); default: ngram, or none with --reference/--record",
     )
     a.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     a.add_argument("--prompt-file", default=None, help="a file holding one prompt")
     a.add_argument(
         "--prompts", default=None, help='JSONL file: one prompt per line, a string or {"prompt": ...}'
     )
-    a.add_argument("--max-tokens", type=_positive_int, default=128)
+    a.add_argument(
+        "--reference",
+        default=None,
+        metavar="FILE",
+        help="JSONL file of another engine's outputs (docs/ab-checks.md): its prompts, compared "
+        "with plain greedy decoding token by token (or byte by byte for text)",
+    )
+    a.add_argument(
+        "--record",
+        default=None,
+        metavar="FILE",
+        help="write plain greedy decoding's outputs to FILE in the reference format",
+    )
+    a.add_argument(
+        "--reference-bound",
+        type=float,
+        default=None,
+        metavar="X",
+        help="near-tie bound (logits) for --reference cases; default: 10 x the measured noise bound",
+    )
+    a.add_argument(
+        "--max-tokens", type=_positive_int, default=None, help="default 128 (not with --reference)"
+    )
     add_method_flags(a, note="; ab: k defaults to 4")
     a.add_argument("--no-chat-template", action="store_true")
     a.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -818,54 +844,118 @@ def read_ab_prompts(args: argparse.Namespace) -> list[str]:
     return prompts
 
 
+def read_ab_references(args: argparse.Namespace) -> list | None:
+    """The ``--reference`` file's cases (None without one); its cases carry
+    their own prompts, lengths and chat-template choice."""
+    if args.reference is None:
+        return None
+    from hf2q_py.tools.ab_reference import read_references
+
+    given = [
+        flag
+        for flag, value in (
+            ("--prompt", args.prompt),
+            ("--prompt-file", args.prompt_file),
+            ("--prompts", args.prompts),
+            ("--max-tokens", args.max_tokens),
+            ("--no-chat-template", args.no_chat_template),
+        )
+        if value
+    ]
+    if given:
+        raise Hf2qError(f"--reference cases set their own prompts and lengths; drop {', '.join(given)}")
+    return read_references(args.reference)
+
+
 MLX_LM_DRAFT = "mlx-lm-draft"
 #: Seconds a rank other than 0 waits before exiting on an error rank 0 also meets.
 FOLLOWER_ERROR_GRACE = 2.0
 
 
-def parse_ab_methods(args: argparse.Namespace) -> list:
-    """``--methods`` for ab: method specs, plus ``mlx-lm-draft[:draft=PATH,k=N]``
-    (mlx-lm's speculative decoding, checked as the draft method); the option
-    flags fill in what a spec leaves out, and K is 4 unless given."""
+def parse_ab_methods(args: argparse.Namespace) -> tuple[list, list[str]]:
+    """``--methods`` for ab: method specs, ``mlx-lm-draft[:draft=PATH,k=N]``
+    (mlx-lm's speculative decoding, checked as the draft method) and the
+    engines (``mlx-lm``, ``llama.cpp``); the option flags fill in what a spec
+    leaves out, and K is 4 unless given. Returns (method specs, engine names);
+    without ``--methods``: ngram, or nothing with ``--reference``/``--record``."""
     from hf2q_py.method_spec import fill_options, parse_method, split_methods
     from hf2q_py.methods import METHODS
+    from hf2q_py.tools.engines import ENGINES
 
-    parts = split_methods(args.methods)
+    text = args.methods
+    if text is None:
+        text = "" if args.reference or args.record else "ngram"
+        if not text:
+            return fill_options([], flag_options(args)), []
+    parts = split_methods(text)
     if not parts:
         raise Hf2qError("--methods is empty")
-    specs = []
+    specs, engines = [], []
     for text in parts:
-        name, colon, rest = text.partition(":")
-        if name.strip() not in (*METHODS, MLX_LM_DRAFT):
-            raise Hf2qError(
-                f"unknown method {name.strip()!r} for ab; choose from {', '.join([*METHODS, MLX_LM_DRAFT])}"
-            )
-        spec = parse_method("draft" + colon + rest if name.strip() == MLX_LM_DRAFT else text)
-        if name.strip() == MLX_LM_DRAFT and set(spec.options) - {"method", "draft", "k"}:
+        name, colon, rest = (x.strip() for x in text.partition(":"))
+        if name in ENGINES:
+            if colon:
+                raise Hf2qError(f"the engine {name} takes no options, got {text!r}")
+            engines.append(name)
+            continue
+        if name not in (*METHODS, MLX_LM_DRAFT):
+            choices = ", ".join([*METHODS, MLX_LM_DRAFT, *ENGINES])
+            raise Hf2qError(f"unknown method {name!r} for ab; choose from {choices}")
+        spec = parse_method("draft" + colon + rest if name == MLX_LM_DRAFT else text)
+        if name == MLX_LM_DRAFT and set(spec.options) - {"method", "draft", "k"}:
             raise Hf2qError(f"{MLX_LM_DRAFT} takes draft and k only, got {text!r}")
         spec.label = text
         specs.append(spec)
     methods = [s for s in fill_options(specs, flag_options(args), {"k": 4}) if s.method != "baseline"]
-    if not methods:
+    if not methods and not engines and not (args.reference or args.record):
         raise Hf2qError("--methods names no method to compare with the baseline")
-    return methods
+    return methods, engines
+
+
+def check_ab_outputs(args: argparse.Namespace) -> None:
+    """Output files writable, and distinct from the reference read, before the run."""
+    both = args.record is not None and args.reference is not None
+    if both and os.path.realpath(args.record) == os.path.realpath(args.reference):
+        raise Hf2qError("--record would overwrite the --reference file")
+    for path, what in ((args.markdown, "--markdown file"), (args.record, "--record file")):
+        if path:
+            check_writable(path, what)
+    bound = args.reference_bound
+    if bound is not None and not 0.0 <= bound < float("inf"):
+        raise Hf2qError(f"--reference-bound must be a finite number >= 0, got {bound}")
+
+
+def ab_cases(args: argparse.Namespace, target, prompts: list[str], references: list | None) -> list:
+    """The cases to check: the reference file's, else the prompts'."""
+    from hf2q_py.generation import encode_prompt
+    from hf2q_py.tools.ab import Case, reference_case
+
+    if references is not None:
+        return [reference_case(target, r) for r in references]
+    chat = not args.no_chat_template
+    n = args.max_tokens or 128
+    return [Case(p, encode_prompt(target, p, chat), n, chat) for p in prompts]
 
 
 def cmd_ab(args: argparse.Namespace) -> int:
-    from hf2q_py.tools.ab import run_ab, table
-    from hf2q_py.generation import encode_prompt, make_config
+    from hf2q_py.tools.ab import record_lines, run_ab, summary, table
+    from hf2q_py.tools.ab_reference import write_references
+    from hf2q_py.generation import make_config
     from hf2q_py.loaders import check_source
     from hf2q_py.loaders.convert import parse_dtype
+    from hf2q_py.tools.engines import check_engine
 
-    methods = parse_ab_methods(args)
+    methods, engines = parse_ab_methods(args)
     for m in methods:  # every option is checked before the model loads
-        make_config(max_tokens=args.max_tokens, **m.options)
-    prompts = read_ab_prompts(args)
-    if args.markdown:
-        check_writable(args.markdown, "--markdown file")
+        make_config(max_tokens=args.max_tokens or 128, **m.options)
+    references = read_ab_references(args)
+    prompts = read_ab_prompts(args) if references is None else []
+    check_ab_outputs(args)
     parse_dtype(args.dtype)
     check_source(args.model, offline=args.offline)
     check_sources(methods, args.offline)
+    for name in engines:
+        check_engine(name, args.model)
     target = load_target(args)
     load_drafts(methods, args.dtype, **load_options(args))
     from hf2q_py.proposers.draft_model import check_compatible
@@ -874,28 +964,34 @@ def cmd_ab(args: argparse.Namespace) -> int:
         if m.label.startswith(MLX_LM_DRAFT):  # mlx-lm has no check of its own
             check_compatible(target, m.options["draft"])
             m.options = {"draft": m.options["draft"], "k": m.options["k"]}
-    encoded = [(p, encode_prompt(target, p, not args.no_chat_template)) for p in prompts]
+    cases = ab_cases(args, target, prompts, references)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    results, noise = run_ab(
-        target, encoded, [(m.label, m.options) for m in methods], max_tokens=args.max_tokens, log=log
+    report = run_ab(
+        target,
+        cases,
+        [(m.label, m.options) for m in methods],
+        engines=engines,
+        reference_bound=args.reference_bound,
+        log=log,
     )
-    mismatches = sum(r.verdict == "MISMATCH" for r in results)
-    summary = (
-        f"near-tie bound {noise.bound:.3g}: 2 x the largest |batched - single-token| logit difference "
-        f"({noise.max_logit_diff:.3g}) measured over {noise.positions} positions; "
-        f"{sum(r.verdict == 'identical' for r in results)} identical, "
-        f"{sum(r.verdict == 'near-tie' for r in results)} near-tie, {mismatches} MISMATCH"
-    )
-    text = table(results)
+    if args.record:
+        write_references(args.record, record_lines(target, cases, report.traces))
+        log(f"recorded {len(cases)} case(s) to {args.record}")
+    if not report.results:
+        return 0  # recording only
+    text, line = table(report.results), summary(report)
     if args.json:
-        print(json.dumps({"noise": noise.__dict__, "results": [r.to_dict() for r in results]}))
+        noise = report.noise.__dict__ if report.noise is not None else None
+        counts = {v: report.count(v) for v in ("identical", "near-tie", "MISMATCH")}
+        results = [r.to_dict() for r in report.results]
+        print(json.dumps({"noise": noise, "counts": counts, "results": results}))
     else:
         print(text)
         print()
-        print(summary)
+        print(line)
     if args.markdown:
-        write_text(args.markdown, text + "\n\n" + summary + "\n", "--markdown file")
-    return 1 if mismatches else 0
+        write_text(args.markdown, text + "\n\n" + line + "\n", "--markdown file")
+    return 1 if report.count("MISMATCH") else 0
 
 
 def serve_method(args: argparse.Namespace):
