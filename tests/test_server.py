@@ -372,7 +372,7 @@ HOSTILE = [
     b'{"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}',
     b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}',
     b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}',
-    b'{"messages": [{"role": "user", "content": "hi"}], "logprobs": true}',
+    b'{"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 21}',
     b'{"messages": [{"role": "user", "content": "hi"}], "hf2q": {"methd": "ngram"}}',
     b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
     b'{"messages": [{"role": "user", "content": "hi"}], "seed": 1.5}',
