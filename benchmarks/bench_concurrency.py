@@ -50,7 +50,7 @@ EDITS = (
     ("statistics", "median", "n", "count"),
     ("textwrap", "dedent", "margin", "common_prefix"),
     ("statistics", "variance", "xbar", "center"),
-    ("bisect", "insort_left", "lo", "low"),
+    ("heapq", "nlargest", "result", "largest"),
     ("json", "dumps", "cls", "encoder_class"),
 )
 STORIES = ("Write a story about a lighthouse keeper who finds a map.",
