@@ -38,7 +38,7 @@ from .protocol import (
     speculation,
 )
 from .logprobs import LogprobWriter
-from .tool_calls import ToolCall, ToolUse, split_answer, tool_use
+from .tool_calls import ToolCall, ToolUse, quoted_views, split_answer, tool_use
 from .worker import Busy, Failed, Finished, Job, Piece, Worker
 
 log = logging.getLogger("hf2q_py.server")
@@ -120,7 +120,17 @@ class Service:
             )  # fmt: skip
         except Hf2qError as e:
             raise ApiError(400, one_line(e, limit=1000)) from None
-        return Job(ids, config, loop), label, use
+        return Job(ids, config, loop, drafting=self._quoted(req, use)), label, use
+
+    def _quoted(self, req: ChatRequest | CompletionRequest, use: ToolUse | None) -> list[list[int]]:
+        """With tools in play: the conversation's long texts as a call would
+        quote them, tokenized, for the n-gram proposer to copy drafts from."""
+        tok = self.target.tokenizer
+        if use is None or not use.tools or tok is None:
+            return []
+        return [
+            list(tok.encode(text, add_special_tokens=False)) for text in quoted_views(req.template_messages())
+        ]
 
     def _tool_use(self, req: ChatRequest | CompletionRequest) -> ToolUse | None:
         if not isinstance(req, ChatRequest):

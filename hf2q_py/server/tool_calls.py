@@ -435,3 +435,22 @@ def _hf_tokenizer(tokenizer: Any) -> Any:
     """The Hugging Face tokenizer inside an mlx-lm ``TokenizerWrapper`` (or the tokenizer itself)."""
     inner = getattr(tokenizer, "_tokenizer", None)
     return inner if hasattr(inner, "apply_chat_template") else tokenizer
+
+
+#: Message texts shorter than this are not worth drafting from in quoted form.
+MIN_QUOTED = 64
+
+
+def quoted_views(messages: Sequence[dict[str, Any]]) -> list[str]:
+    """Long message texts (a tool's result, a pasted file) as a tool call's
+    JSON arguments quote them: a call that writes a file back copies it with
+    its line breaks and quotes escaped, which the text in the conversation
+    does not show. Only texts that escaping changes are given."""
+    out = []
+    for m in messages:
+        text = m.get("content")
+        if isinstance(text, str) and len(text) >= MIN_QUOTED:
+            quoted = json.dumps(text, ensure_ascii=False)[1:-1]
+            if quoted != text:
+                out.append(quoted)
+    return out

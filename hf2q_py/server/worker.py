@@ -72,6 +72,9 @@ class Job:
     ids: list[int]
     config: GenerationConfig
     loop: asyncio.AbstractEventLoop
+    #: Token sequences the generation may copy drafts from besides its prompt
+    #: (added to the Target's memory on the worker's thread before it starts).
+    drafting: list[list[int]] = field(default_factory=list)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -187,6 +190,7 @@ class Worker:
                 while self._pending:
                     job = self._pending.popleft()
                     if not job.cancelled.is_set():
+                        self._remember(job)
                         self._entries[id(job)] = (job, sched.submit(job.ids, job.config, self._sink(job)))
             for job, entry in list(self._entries.values()):
                 if job.cancelled.is_set():
@@ -196,6 +200,12 @@ class Worker:
         sched.cancel_all()  # stopping: the running ones end between rounds, the waiting never start
         while not sched.idle:
             self._step()
+
+    def _remember(self, job: Job) -> None:
+        """A job's drafting sources go into the Target's memory (the worker owns it)."""
+        if job.config.spec.memory:
+            for tokens in job.drafting:
+                self.target.memory.add(tokens)
 
     def _sink(self, job: Job) -> JobSink:
         key = id(job)
@@ -255,6 +265,7 @@ class Worker:
     def _serve(self, job: Job) -> None:
         """Run one job, emitting its events; never raises."""
         stats = GenerationStats(method=job.config.spec.method)
+        self._remember(job)
         try:
             if self.relay is not None:
                 self.relay.send(job.ids, job.config)
