@@ -345,3 +345,14 @@ def test_a_response_with_calls_has_null_content_and_finish_reason_tool_calls():
     )
     delta = Shape(True, "m", "fp").tool_chunk(call, 1)["choices"][0]["delta"]
     assert delta == {"tool_calls": [{"index": 1, **call.openai()}]}
+
+
+def test_long_texts_are_given_as_a_call_would_quote_them():
+    from hf2q_py.server.tool_calls import MIN_QUOTED, quoted_views
+
+    code = 'def add(a, b):\n    """Sum."""\n    return a + b\n' * 3
+    plain = "x" * (MIN_QUOTED + 10)  # escaping changes nothing: no second view
+    views = quoted_views([{"role": "tool", "content": code}, {"role": "user", "content": plain},
+                          {"role": "user", "content": "short\n"}])  # fmt: skip
+    assert views == [json.dumps(code)[1:-1]]
+    assert "\\n" in views[0] and '\\"' in views[0]
