@@ -216,14 +216,20 @@ def batch_rounds(server) -> dict[int, float]:
     }
 
 
-def test_a_client_that_leaves_mid_stream_does_not_disturb_the_one_beside_it(server, smol):
+def long_stream(server) -> http.client.HTTPConnection:
+    """A connection streaming a long story, its first chunks read: it is generating."""
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
     body = {"model": MODEL, "messages": user("Write a very long story about a dragon."), "max_tokens": 1500,
             "stream": True}  # fmt: skip
     conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
     resp = conn.getresponse()
     assert resp.status == 200
-    resp.read1(200)  # generating
+    resp.read1(200)
+    return conn
+
+
+def test_a_client_that_leaves_mid_stream_does_not_disturb_the_one_beside_it(server, smol):
+    conn = long_stream(server)
     got = {}
 
     def ask() -> None:
@@ -241,13 +247,7 @@ def test_a_client_that_leaves_mid_stream_does_not_disturb_the_one_beside_it(serv
 
 
 def test_a_client_that_leaves_mid_stream_frees_the_worker_for_the_next_request(server, client):
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-    body = {"model": MODEL, "messages": user("Write a very long story about a dragon."), "max_tokens": 1500,
-            "stream": True}  # fmt: skip
-    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    assert resp.status == 200
-    resp.read1(200)  # the first chunks arrived: it is generating
+    conn = long_stream(server)
     conn.sock.close()
     conn.close()
     t0 = time.perf_counter()
