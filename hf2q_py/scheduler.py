@@ -5,7 +5,8 @@ batched forward.
 Each :meth:`Scheduler.step` is one round: a waiting generation is admitted
 when there is room (``max_batch``); one chunk of one joining prompt is
 prefilled (on its own runtime, so a long prompt never stalls the rows that
-decode); then every running row drafts, the batch's verify width is chosen
+decode; the prompt with the least left to prefill first, so short prompts
+start soonest); then every running row drafts, the batch's verify width is chosen
 for all rows at once (``draft_length.batch``), one forward verifies every
 row's drafts (a row with none decodes one token in it), and one read brings
 back every row's verdict. Rows join and leave between rounds. A generation
@@ -84,6 +85,7 @@ class Entry:
     chunker: Chunker | None = None
     pending: list[int] = field(default_factory=list)  # prompt tokens still to prefill
     hidden: dict[int, list] = field(default_factory=dict)  # captured states of the chunks prefilled
+    passed_over: int = 0  # rounds another joining prompt was prefilled first
     batched: bool = True
     cancelled: bool = False
 
@@ -149,7 +151,7 @@ class Scheduler:
         self._drop_cancelled()
         self._admit()
         if self.joining:
-            self._prefill(self.joining[0])
+            self._prefill(self._next_prefill())
         if self.rows:
             self._round()
         if self.alone:
@@ -180,6 +182,18 @@ class Scheduler:
                 continue
             self.joining.append(entry)
 
+    def _next_prefill(self) -> Entry:
+        """The joining prompt with the least left to prefill (short prompts start
+        soonest), unless one has been passed over ``max_batch`` times: then the
+        longest passed over, so none waits for ever."""
+        due = [e for e in self.joining if e.passed_over >= self.config.max_batch]
+        entry = (
+            max(due, key=lambda e: e.passed_over) if due else min(self.joining, key=lambda e: len(e.pending))
+        )
+        for other in self.joining:
+            other.passed_over = 0 if other is entry else other.passed_over + 1
+        return entry
+
     def _prefill(self, entry: Entry) -> None:
         """One chunk of a joining prompt; a prompt done starts running (:meth:`_place`)."""
         seq = entry.seq
@@ -202,10 +216,10 @@ class Scheduler:
             entry.hidden = {}
             seq.after_prefill(hidden)
         except Exception as e:  # noqa: BLE001 - one request's failure ends it alone
-            self.joining.popleft()
+            self.joining.remove(entry)
             self._fail(entry, e)
             return
-        self.joining.popleft()
+        self.joining.remove(entry)
         self._place(entry)
 
     def _place(self, entry: Entry) -> None:

@@ -137,6 +137,20 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_the_others_keep_decoding():
     scheduler.run()
 
 
+def test_a_short_prompt_starts_before_a_long_one_ahead_of_it_and_none_waits_for_ever():
+    target = tiny_target("llama")
+    scheduler = Scheduler(target, SchedulerConfig(max_batch=4, prefill_chunk=8))
+    long_entry, _ = submit(scheduler, target, random_prompt(120, 3), max_tokens=5, method="baseline")
+    short_entry, _ = submit(scheduler, target, random_prompt(6, 4), max_tokens=5, method="baseline")
+    scheduler.step()
+    assert short_entry not in scheduler.joining and long_entry in scheduler.joining
+    for _ in range(3):  # short prompts keep arriving; the long one still gets its turn
+        submit(scheduler, target, random_prompt(20, 5), max_tokens=40, method="baseline")
+    first_chunk = next(n for n in range(1, 20) if (scheduler.step(), len(long_entry.pending) < 119)[1])
+    assert first_chunk <= 5  # passed over at most max_batch times
+    scheduler.run()
+
+
 def test_a_method_that_cannot_share_a_forward_runs_alone_beside_the_batch():
     target = tiny_target("llama", scale=2.0)
     draft = tiny_target("llama", seed=1, scale=2.0)
