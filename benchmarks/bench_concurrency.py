@@ -192,7 +192,8 @@ def main() -> None:
         f"hf2q-py serve at its defaults (method ngram, --max-batch 8), mlx_lm.server at its defaults "
         f"(continuous batching); fresh servers per repeat, a warm-up question, then every request at once; "
         f"at most {args.max_tokens} new tokens, greedy, streamed; medians of {args.repeats} repeats "
-        f"(each repeat asks different edits), alternating which server runs first. '= alone': answers equal "
+        f"(repeats go on through the 8 edits: a later repeat may ask what an earlier asked, of fresh servers), "
+        f"alternating which server runs first. '= alone': answers equal "
         f"to hf2q-py's plain greedy decoding of the same request in this process."
     )
     rec = results.record(shlex.join(["python", *sys.argv]), tables(runs, refs), notes=notes,
