@@ -142,7 +142,9 @@ class Sequence:
         self.ready: tuple[Hashable, Draft] | None = None  # early drafts the decode confirmed
         self.propose_seconds = 0.0  # drafting time not yet charged to a round
         self.catch_up = 0  # committed tokens the proposer read in that time
-        self._t_start = 0.0
+        self._t0 = self._tp = self._t_start = (
+            0.0  # wall and runtime clocks at begin, prefill's start, decode's
+        )
 
     # -- life cycle ------------------------------------------------------------
     def start(self) -> None:

@@ -20,7 +20,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache
 
-from ..cache import LayerState, SlidingWindowCache, cache_state
+from ..cache import LayerState, SlidingWindowCache
 from ..errors import Hf2qError
 from ..prompt_cache import Snapshot
 from ..target import Runtime, Target
@@ -241,9 +241,6 @@ class RowRuntime:
 
     def read(self, result: mx.array) -> list:
         return result.tolist()
-
-    def state(self) -> list[Any]:
-        return cache_state([])
 
     def snapshot(self, tokens: Sequence[int]) -> Snapshot:
         if len(tokens) != self.offset:
