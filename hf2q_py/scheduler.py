@@ -42,6 +42,7 @@ from .target import PREFILL_CHUNK, Target
 
 log = logging.getLogger("hf2q_py.scheduler")
 
+
 @dataclass
 class SchedulerConfig:
     """How many generations run at once and how prompts join them."""
