@@ -28,7 +28,7 @@ _LAZY = {
     "Runtime": "hf2q_py.target",
     "generate": "hf2q_py.generation",
     "stream_generate": "hf2q_py.generation",
-    "batch_generate": "hf2q_py.scheduler",
+    "batch_generate": "hf2q_py.generation",
     "Scheduler": "hf2q_py.scheduler",
     "SchedulerConfig": "hf2q_py.scheduler",
     "encode_prompt": "hf2q_py.generation",

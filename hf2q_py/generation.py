@@ -1,41 +1,50 @@
-"""Public generation API: ``generate`` and ``stream_generate``."""
+"""The public generation API: ``generate``, ``stream_generate`` and
+``batch_generate``, each a few lines over the one loop
+(:class:`~hf2q_py.scheduler.Scheduler`), and ``generate_tokens`` for a
+generation built from proposer and policy objects (replay, tests).
+
+Building a request (prompt ids, options, context checks, text) is
+``hf2q_py.request``'s; its public helpers are re-exported here.
+"""
 
 from __future__ import annotations
 
-import json
-import random
-from collections import deque
-from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from collections import abc, deque
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from .config import GenerationConfig, SpecConfig
-from .constraints import ConstraintSpec
-from .distributed import agree_seed
-from .sampling import SamplingConfig, TokenLogprob, make_decider
+from .config import GenerationConfig
+from .draft_length import Policy
+from .errors import Hf2qError
+from .proposers.base import Proposer
+from .request import (
+    GenerationChunk,
+    check_context,
+    context_length,
+    encode_messages,
+    encode_prompt,
+    make_config,
+)
+from .sampling import Greedy, TokenLogprob
+from .scheduler import Failure, Scheduler, SchedulerConfig
 from .sequence import Sequence as Generation
-from .errors import Hf2qError, one_line
-from .methods import build_proposer
 from .stats import GenerationStats, Round
-from .validate import check_unicode
 from .target import Target
-from .target import _config_value as target_config_value
 
-_SPEC_FIELDS = {f.name for f in fields(SpecConfig)}
-_SAMPLING_FIELDS = {f.name for f in fields(SamplingConfig)}
-#: Options that make the config's ``constraint`` (``ConstraintSpec.from_options``).
-_CONSTRAINT_OPTIONS = ("json_schema", "regex", "grammar", "json_object")
-
-
-@dataclass
-class GenerationChunk:
-    """One streamed piece: new ``text`` and the ``tokens`` behind it, with
-    their log-probabilities when asked for (``logprobs``)."""
-
-    text: str
-    tokens: list[int]
-    stats: GenerationStats
-    logprobs: list[TokenLogprob] | None = None
+__all__ = [
+    "GenerationChunk",
+    "GenerationResult",
+    "batch_generate",
+    "check_context",
+    "context_length",
+    "encode_messages",
+    "encode_prompt",
+    "generate",
+    "generate_tokens",
+    "make_config",
+    "stream_generate",
+]
 
 
 @dataclass
@@ -54,135 +63,49 @@ class GenerationResult:
         return self.stats.finish_reason
 
 
-def encode_prompt(target: Target, prompt: str | Sequence[int], chat_template: bool = True) -> list[int]:
-    """Token ids for a prompt: strings go through the chat template when the
-    model has one (unless ``chat_template`` is False), as one user message;
-    id lists pass through."""
-    if isinstance(prompt, str):
-        check_unicode(prompt)
-        if not prompt.strip():
-            raise Hf2qError("the prompt is empty")
-        tok = _tokenizer(target)
-        if chat_template and getattr(tok, "has_chat_template", False):
-            return encode_messages(target, [{"role": "user", "content": prompt}])
-        return _checked(target, list(tok.encode(prompt)))
-    if not isinstance(prompt, Sequence) or isinstance(prompt, bytes):
-        raise Hf2qError(f"the prompt must be a string or a list of token ids, got {type(prompt).__name__}")
-    ids = list(prompt)
-    if not ids:
-        raise Hf2qError("the prompt is empty")
-    vocab = target.vocab_size
-    for t in ids:
-        if isinstance(t, bool) or not isinstance(t, int) or t < 0 or (vocab is not None and t >= vocab):
-            raise Hf2qError(f"prompt token {t!r} is not a token id of this model (vocabulary {vocab})")
-    return ids
+class _Collect:
+    """A scheduler sink that keeps one generation's chunks and its end."""
 
+    def __init__(self, ids: list[int]):
+        self.ids = ids
+        self.chunks: deque[GenerationChunk] = deque()
+        self.stats: GenerationStats | None = None
+        self.error: Hf2qError | None = None
 
-def encode_messages(
-    target: Target,
-    messages: Sequence[dict[str, Any]],
-    *,
-    tools: Sequence[dict[str, Any]] | None = None,
-    prefix: str = "",
-) -> list[int]:
-    """Token ids for a conversation (``{"role": ..., "content": ...}`` dicts,
-    roles system, user, assistant and, with tools, tool; an assistant message
-    may carry ``tool_calls``) through the model's chat template, ending with
-    the prompt for the assistant's next turn. ``tools`` (OpenAI function
-    definitions) go to the template; ``prefix`` is text the answer is made to
-    start with, after the generation prompt."""
-    tok = _tokenizer(target)
-    if not getattr(tok, "has_chat_template", False):
-        raise Hf2qError("this model has no chat template: send the prompt as raw text (a text completion)")
-    for m in messages:
-        check_unicode(m["content"], f"a {m['role']} message")
-        if m.get("tool_calls"):
-            check_unicode(
-                json.dumps(m["tool_calls"], ensure_ascii=False), f"a {m['role']} message's tool_calls"
-            )
-    if tools:
-        check_unicode(json.dumps(list(tools), ensure_ascii=False), "tools")
-    extra = {"tools": list(tools)} if tools else {}
-    try:
-        if prefix:
-            text = tok.apply_chat_template(
-                list(messages), add_generation_prompt=True, tokenize=False, **extra
-            )
-            ids = tok.encode(text + prefix, add_special_tokens=False)
-        else:
-            ids = tok.apply_chat_template(list(messages), add_generation_prompt=True, **extra)
-    except Exception as e:  # the template's own checks (role order, unknown roles) raise
-        raise Hf2qError(f"the chat template refused these messages: {one_line(e)}") from None
-    return _checked(target, list(ids))
+    def chunk(self, chunk: GenerationChunk) -> None:
+        self.chunks.append(chunk)
 
+    def done(self, stats: GenerationStats, error: Hf2qError | None = None) -> None:
+        self.stats, self.error = stats, error
 
-def _tokenizer(target: Target) -> Any:
-    if target.tokenizer is None:
-        raise Hf2qError("this model has no tokenizer: pass the prompt as a list of token ids")
-    return target.tokenizer
+    def raise_error(self) -> None:
+        """The generation's failure, as it was raised (an unexpected error as itself)."""
+        if self.error is not None:
+            raise self.error.cause if isinstance(self.error, Failure) else self.error
 
-
-def _checked(target: Target, ids: list[int]) -> list[int]:
-    """Token ids from the tokenizer, refused if empty or outside the vocabulary."""
-    vocab = target.vocab_size
-    if not ids:
-        raise Hf2qError("the prompt encodes to no tokens")
-    if vocab is not None and max(ids) >= vocab:
-        raise Hf2qError(f"the tokenizer gives token id {max(ids)}, outside the model's vocabulary ({vocab})")
-    return ids
-
-
-def context_length(target: Target) -> int | None:
-    """The model's maximum sequence length (``max_position_embeddings``), if known."""
-    n = target_config_value(target.model, "max_position_embeddings")
-    return n if isinstance(n, int) and n > 0 else None
-
-
-def check_context(target: Target, ids: Sequence[int], max_tokens: int) -> int:
-    """Refuse a prompt that fills the model's context; returns the number of
-    tokens that still fit (``max_tokens`` or fewer)."""
-    limit = context_length(target)
-    if limit is None:
-        return max_tokens
-    if len(ids) >= limit:
-        raise Hf2qError(
-            f"the prompt has {len(ids)} tokens; this model's context holds {limit}, "
-            "with room for at least one generated token"
+    def result(self) -> GenerationResult:
+        self.raise_error()
+        chunks = list(self.chunks)
+        lps = (
+            [lp for c in chunks for lp in c.logprobs or ()]
+            if chunks and chunks[0].logprobs is not None
+            else None
         )
-    return min(max_tokens, limit - len(ids))
+        return GenerationResult(
+            [t for c in chunks for t in c.tokens], "".join(c.text for c in chunks), self.ids, self.stats, lps
+        )
 
 
-def make_config(**options: Any) -> GenerationConfig:
-    """A validated ``GenerationConfig`` from keyword options (those of
-    :func:`stream_generate`); checks everything that needs no model."""
-    return _split_options(options)
-
-
-def _split_options(options: dict[str, Any]) -> GenerationConfig:
-    options = dict(options)
-    asked = {k: options.pop(k) for k in _CONSTRAINT_OPTIONS if k in options}
-    if asked:
-        if options.get("constraint") is not None:
-            raise Hf2qError(f"give constraint= or {', '.join(asked)}=, not both")
-        options["constraint"] = ConstraintSpec.from_options(**asked)
-    spec_opts = {k: v for k, v in options.items() if k in _SPEC_FIELDS}
-    sampling_opts = {k: v for k, v in options.items() if k in _SAMPLING_FIELDS}
-    gen_opts = {k: v for k, v in options.items() if k not in _SPEC_FIELDS | _SAMPLING_FIELDS}
-    unknown = set(gen_opts) - {
-        "max_tokens",
-        "stop",
-        "chat_template",
-        "plain_first_token",
-        "constraint",
-        "logprobs",
-    }
-    if unknown:
-        raise Hf2qError(f"unknown option(s): {', '.join(sorted(unknown))}")
-    if isinstance(gen_opts.get("stop"), str):
-        gen_opts["stop"] = (gen_opts["stop"],)
-    config = GenerationConfig(
-        spec=SpecConfig(**spec_opts), sampling=SamplingConfig(**sampling_opts), **gen_opts
-    )
+def _config(
+    config: GenerationConfig | None, options: dict[str, Any], defaults: dict[str, Any]
+) -> GenerationConfig:
+    """The generation's config: the given one, or one made from keyword options."""
+    if config is None:
+        return make_config(**{**defaults, **options})
+    if options:
+        raise Hf2qError("pass either config= or keyword options, not both")
+    if not isinstance(config, GenerationConfig):
+        raise Hf2qError(f"config must be a GenerationConfig, got {type(config).__name__}")
     config.validate()
     return config
 
@@ -201,216 +124,123 @@ def stream_generate(
     Options (or a ``GenerationConfig``): ``max_tokens`` (default 256),
     ``stop``, ``chat_template``, ``logprobs``, an output constraint
     (``json_schema`` a schema dict or its JSON text, ``regex``, ``grammar``
-    in Lark, or ``json_object=True``), and the ``SpecConfig`` fields
-    (``method``: ``ngram`` unless given, ``baseline`` for plain decoding;
-    ``k``, ``adaptive``, ``ngram_min``, ``ngram_max``, ``ngram_proposer``, ``memory``,
-    ...). Greedy decoding.
-    ``on_round`` receives a ``Round`` per round (profiling); each chunk
-    carries the live ``GenerationStats`` (``stats``, if given, is filled),
-    complete once the stream ends.
+    in Lark, or ``json_object=True``), sampling (``temperature``, ``top_p``,
+    ``seed``, ...) and the ``SpecConfig`` fields (``method``: ``ngram``
+    unless given, ``baseline`` for plain decoding; ``k``, ``adaptive``,
+    ``memory``, ...). ``on_round`` receives a ``Round`` per round
+    (profiling); each chunk carries the live ``GenerationStats`` (``stats``,
+    if given, is filled), complete once the stream ends. Closing the
+    iterator early ends the generation between rounds.
     """
-    if config is not None and options:
-        raise Hf2qError("pass either config= or keyword options, not both")
-    if config is None:
-        config = _split_options({"max_tokens": 256, **options})
-    elif not isinstance(config, GenerationConfig):
-        raise Hf2qError(f"config must be a GenerationConfig, got {type(config).__name__}")
-    else:
-        config.validate()
+    config = _config(config, options, {"max_tokens": 256})
     ids = encode_prompt(target, prompt, config.chat_template)
-    if stats is None:
-        stats = GenerationStats(method=config.spec.method)
-    return _stream(target, ids, config, stats, on_round)
+    scheduler = Scheduler(target, SchedulerConfig(max_batch=1))
+    sink = _Collect(ids)
+    if stats is not None:
+        stats.method = config.spec.method
+    entry = scheduler.submit(ids, config, sink, on_round, stats=stats)
+    return _drain(scheduler, sink, entry)
 
 
-def make_sequence(
-    target: Target,
-    ids: list[int],
-    config: GenerationConfig,
-    stats: GenerationStats,
-    on_round: Callable[[Round], None] | None = None,
-) -> Generation:
-    """The ``Sequence`` of one generation of ``config`` (not started): its
-    proposer, draft-length policy, decider and budget."""
-    sampling = config.sampling
-    seeded = sampling is not None and not sampling.greedy and sampling.seed is not None
-    proposer, policy = build_proposer(target, config.spec, seeded_sampling=seeded)
-    if sampling is not None and not sampling.greedy and sampling.seed is None and target.sharding:
-        # Every rank must draw the same random numbers: rank 0 picks the seed.
-        sampling = replace(sampling, seed=agree_seed(target.sharding, random.getrandbits(62)))
-    return Generation(
-        target, ids, max_tokens=check_context(target, ids, config.max_tokens), proposer=proposer,
-        policy=policy, eos_token_ids=target.eos_token_ids, stats=stats, on_round=on_round,
-        decider=make_decider(sampling), plain_first_token=config.plain_first_token,
-        logprobs=config.logprobs,
-        constraint=config.constraint.build(target) if config.constraint is not None else None,
-    )  # fmt: skip
-
-
-class Chunker:
-    """One generation's committed tokens as chunks: text through ``StopText``
-    (stop strings), each chunk's log-probabilities aligned with its tokens."""
-
-    def __init__(self, target: Target, config: GenerationConfig, stats: GenerationStats):
-        tok = target.tokenizer
-        self.text = StopText(tok.detokenizer, config.stop) if tok is not None else None
-        self.stats = stats
-        self.keep_logprobs = config.logprobs is not None
-        self.pending: deque[TokenLogprob] = deque()  # log-probabilities of tokens held back
-        self.sent = 0  # tokens given out
-        self.stopped = False  # a stop string ended the text
-
-    def feed(self, new: list[int], logprobs: list[TokenLogprob]) -> GenerationChunk:
-        """The chunk of what ``new`` makes ready (possibly empty)."""
-        self.pending.extend(logprobs)
-        if self.text is None:
-            return self._chunk("", new)
-        piece, tokens, self.stopped = self.text.feed(new)
-        if self.stopped:
-            self.stats.generated_tokens, self.stats.finish_reason = self.sent + len(tokens), "stop"
-        return self._chunk(piece, tokens)
-
-    def finish(self) -> GenerationChunk | None:
-        """What is left once generation ended without a stop string."""
-        if self.text is None:
-            return None
-        piece, tokens = self.text.finish()
-        return self._chunk(piece, tokens) if piece or tokens else None
-
-    def _chunk(self, piece: str, tokens: list[int]) -> GenerationChunk:
-        self.sent += len(tokens)
-        lps = [self.pending.popleft() for _ in tokens] if self.keep_logprobs else None
-        return GenerationChunk(piece, tokens, self.stats, lps)
-
-
-def _stream(
-    target: Target,
-    ids: list[int],
-    config: GenerationConfig,
-    stats: GenerationStats,
-    on_round: Callable[[Round], None] | None,
-) -> Iterator[GenerationChunk]:
-    seq = make_sequence(target, ids, config, stats, on_round)
-    chunker = Chunker(target, config, stats)
-    whole = False
-    seq.start()
+def _drain(scheduler: Scheduler, sink: _Collect, entry: Any) -> Iterator[GenerationChunk]:
+    """Step ``scheduler`` until its one generation ends, yielding its chunks;
+    closed early, the generation is cancelled and closed between rounds."""
     try:
-        while not seq.done:
-            new = seq.step()
-            if not new:
-                continue
-            chunk = chunker.feed(new, seq.logprobs)
-            try:
-                yield chunk
-            except GeneratorExit:  # closed between rounds: the caches are whole
-                whole = True
-                raise
-            if chunker.stopped:
-                break
-        whole = True
-        last = chunker.finish() if not chunker.stopped else None
-        if last is not None:
-            yield last
-    finally:
-        seq.close(keep=whole)
-
-
-class StopText:
-    """Tokens to text, ended by stop strings; text and tokens always end at
-    the same place.
-
-    ``feed`` takes a round's tokens and gives back the text and tokens that
-    are ready: whole tokens that no stop string can still reach (with no stop
-    strings, all of them). Once a stop string appears, the text and the
-    tokens end before the token in which it begins (that token's text before
-    the stop string is dropped with it), and nothing more comes. Only text
-    not yet given out is held, so a round costs the same however long the
-    text before it.
-    """
-
-    def __init__(self, detokenizer: Any, stops: Sequence[str] = ()):
-        self.detok = detokenizer
-        self.detok.reset()
-        self.stops = tuple(stops)
-        self.hold = max((len(s) for s in self.stops), default=1) - 1  # characters a stop may still claim
-        self.text = ""  # the text from character ``sent`` on
-        self.sent = 0  # characters given out
-        self.pending: list[tuple[int, int]] = []  # (token, where its text ends) not given out
-
-    @property
-    def end(self) -> int:
-        """Characters decoded so far."""
-        return self.sent + len(self.text)
-
-    def feed(self, tokens: Sequence[int]) -> tuple[str, list[int], bool]:
-        """The text and tokens now ready, and whether a stop string ended them."""
-        for t in tokens:
-            self.detok.add_token(t)
-            self.text += self.detok.last_segment
-            self.pending.append((t, self.end))
-            stop_at = self._find_stop()
-            if stop_at is not None:
-                return (*self._take(stop_at), True)
-        return (*self._take(self.end - self.hold), False)
-
-    def finish(self) -> tuple[str, list[int]]:
-        """What is left once generation ended without a stop string."""
-        self.detok.finalize()
-        self.text += self.detok.last_segment
-        piece, tokens = self.text, [t for t, _ in self.pending]
-        self.sent, self.text, self.pending = self.end, "", []
-        return piece, tokens
-
-    def _find_stop(self) -> int | None:
-        """Where the first stop string begins (stop strings end in new text:
-        they begin at or after what was given out)."""
-        hits = [i for i in (self.text.find(s) for s in self.stops) if i >= 0]
-        return self.sent + min(hits) if hits else None
-
-    def _take(self, limit: int) -> tuple[str, list[int]]:
-        """The pending tokens whose text ends by ``limit``, and that text."""
-        n = 0
-        while n < len(self.pending) and self.pending[n][1] <= limit:
-            n += 1
-        ready, self.pending = self.pending[:n], self.pending[n:]
-        cut = ready[-1][1] - self.sent if ready else 0
-        piece, self.text = self.text[:cut], self.text[cut:]
-        self.sent += cut
-        return piece, [t for t, _ in ready]
+        while not scheduler.idle:
+            scheduler.step()
+            while sink.chunks:
+                yield sink.chunks.popleft()
+        sink.raise_error()
+    except GeneratorExit:
+        entry.cancel()
+        scheduler.run()  # closes it between rounds, its caches whole
+        raise
+    except BaseException:
+        scheduler.fail_all(Hf2qError("interrupted"))
+        raise
 
 
 def generate(
     target: Target,
     prompt: str | Sequence[int],
     *,
-    max_tokens: int = 256,
-    method: str = "ngram",
     on_round: Callable[[Round], None] | None = None,
     config: GenerationConfig | None = None,
     **options: Any,
 ) -> GenerationResult:
     """Generate a completion; returns tokens, text and statistics. The
     method is ``ngram`` (speculation from copies) unless ``method`` says
-    otherwise (``"baseline"``: plain decoding).
-
-    See :func:`stream_generate` for the options.
-    """
-    if config is None:
-        config = make_config(max_tokens=max_tokens, method=method, **options)
-    elif options or max_tokens != 256 or method != "ngram":
-        raise Hf2qError("pass either config= or keyword options, not both")
-    elif not isinstance(config, GenerationConfig):
-        raise Hf2qError(f"config must be a GenerationConfig, got {type(config).__name__}")
-    else:
-        config.validate()
+    otherwise (``"baseline"``: plain decoding). See :func:`stream_generate`
+    for the options."""
+    config = _config(config, options, {"max_tokens": 256, "method": "ngram"})
     ids = encode_prompt(target, prompt, config.chat_template)
-    stats = GenerationStats(method=config.spec.method)
-    tokens: list[int] = []
-    text: list[str] = []
-    lps: list[TokenLogprob] | None = [] if config.logprobs is not None else None
-    for chunk in _stream(target, ids, config, stats, on_round):
-        tokens.extend(chunk.tokens)
-        text.append(chunk.text)
-        if lps is not None:
-            lps.extend(chunk.logprobs or ())
-    return GenerationResult(tokens, "".join(text), ids, stats, lps)
+    scheduler = Scheduler(target, SchedulerConfig(max_batch=1))
+    sink = _Collect(ids)
+    scheduler.submit(ids, config, sink, on_round)
+    scheduler.run()
+    return sink.result()
+
+
+def batch_generate(
+    target: Target,
+    prompts: abc.Sequence[str | abc.Sequence[int]],
+    *,
+    max_batch: int = 8,
+    on_round: Callable[[Round], None] | None = None,
+    configs: abc.Sequence[GenerationConfig] | None = None,
+    **options: Any,
+) -> list[GenerationResult]:
+    """Generate completions of several prompts at once, sharing forwards:
+    up to ``max_batch`` run in one batch, each speculating with its own
+    drafts; the results come back in the order of ``prompts``, each as
+    ``generate`` would return it (greedy tokens equal, but at near-ties).
+
+    ``configs``: one ``GenerationConfig`` per prompt instead of the keyword
+    options (which :func:`stream_generate` lists).
+    """
+    if isinstance(prompts, str) or not isinstance(prompts, abc.Sequence):
+        raise Hf2qError("prompts must be a list of prompts (strings or token id lists)")
+    if configs is None:
+        configs = [make_config(**{"max_tokens": 256, "method": "ngram", **options})] * len(prompts)
+    elif options:
+        raise Hf2qError("pass either configs= or keyword options, not both")
+    elif len(configs) != len(prompts):
+        raise Hf2qError(f"{len(configs)} configs for {len(prompts)} prompts")
+    else:
+        configs = [_config(c, {}, {}) for c in configs]
+    scheduler = Scheduler(target, SchedulerConfig(max_batch=max_batch))
+    sinks = []
+    for prompt, config in zip(prompts, configs):
+        ids = encode_prompt(target, prompt, config.chat_template)
+        sinks.append(_Collect(ids))
+        scheduler.submit(ids, config, sinks[-1], on_round)
+    scheduler.run()
+    return [s.result() for s in sinks]
+
+
+def generate_tokens(
+    target: Target,
+    prompt: Sequence[int],
+    *,
+    max_tokens: int,
+    proposer: Proposer | None = None,
+    policy: Policy | None = None,
+    eos_token_ids: Sequence[int] = (),
+    stats: GenerationStats | None = None,
+    on_round: Callable[[Round], None] | None = None,
+    decider: Greedy | None = None,
+    plain_first_token: bool = False,
+) -> Iterator[list[int]]:
+    """Yield each round's newly committed tokens of a generation built from
+    these objects (see ``Sequence``), run by the same loop. EOS ends
+    generation (the EOS token itself is not yielded) and ``max_tokens`` is
+    never exceeded, also inside an accepted block."""
+    seq = Generation(
+        target, prompt, max_tokens=max_tokens, proposer=proposer, policy=policy,
+        eos_token_ids=eos_token_ids, stats=stats, on_round=on_round, decider=decider,
+        plain_first_token=plain_first_token,
+    )  # fmt: skip
+    scheduler = Scheduler(target, SchedulerConfig(max_batch=1))
+    sink = _Collect(list(prompt))
+    entry = scheduler.submit(list(prompt), None, sink, sequence=seq)
+    return (c.tokens for c in _drain(scheduler, sink, entry))

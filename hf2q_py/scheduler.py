@@ -1,28 +1,30 @@
-"""Many generations at once: a scheduler that holds them as
-:class:`~hf2q_py.sequence.Sequence` objects and runs their rounds in one
-batched forward.
+"""The one loop: a scheduler that holds generations as
+:class:`~hf2q_py.sequence.Sequence` objects and runs their rounds, every
+generation of every entry point (``generate``, ``stream_generate``,
+``batch_generate``, the server, ``ab``, ``bench``, replay) included.
 
 Each :meth:`Scheduler.step` is one round: a waiting generation is admitted
 when there is room (``max_batch``); one chunk of one joining prompt is
 prefilled (on its own runtime, so a long prompt never stalls the rows that
 decode; the prompt with the least left to prefill first, so short prompts
-start soonest); then every running row drafts, the batch's verify width is chosen
-for all rows at once (``draft_length.batch``), one forward verifies every
-row's drafts (a row with none decodes one token in it), and one read brings
-back every row's verdict. Rows join and leave between rounds. A generation
-whose method cannot share a forward (a draft model, layer skip, DFlash: they
-run forwards of their own per round) runs alone, one of its rounds per step,
-so it never stalls the batch nor is stalled by it.
+start soonest); then the batch's rows run one round together (each row's
+drafts, one verify width for all rows, one forward, one read) and each
+generation running alone runs one round on its own runtime. A generation
+runs alone when nothing could share its forwards (then it pipelines its
+decodes) or when its proposer cannot draft for a batch (``Proposer.batchable``).
+
+Generations may be submitted from other threads (the server's HTTP side);
+everything else runs on the thread that calls :meth:`Scheduler.step`.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from collections import deque
-from collections import abc
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,22 +32,15 @@ import mlx.core as mx
 
 from .batch.runtime import BatchRuntime, batch_refusal
 from .config import GenerationConfig
-from .draft_length import AdaptiveK, FixedK
-from .draft_length.batch import BatchCosts, Offer, plan_width, survival
+from .draft_length.batch import BatchCosts, plan_width
 from .errors import Hf2qError, one_line
-from .generation import Chunker, GenerationChunk, GenerationResult, encode_prompt, make_config, make_sequence
-from .methods import method_named
-from .proposers.base import Draft
-from .sequence import Sequence, pack, unpack
-from .sampling import TokenLogprob
+from .proposers.base import BatchDrafter, DraftAsk
+from .request import Chunker, GenerationChunk, make_sequence
+from .sequence import Sequence, Turn, pack, unpack
 from .stats import GenerationStats, Round
-from .target import Target
+from .target import PREFILL_CHUNK, Target
 
 log = logging.getLogger("hf2q_py.scheduler")
-
-#: Methods whose proposer drafts without forwards of its own on the target:
-#: their rows share the batch's forward.
-BATCHED_METHODS = ("baseline", "ngram")
 
 
 @dataclass
@@ -53,7 +48,7 @@ class SchedulerConfig:
     """How many generations run at once and how prompts join them."""
 
     max_batch: int = 8  # generations running at once (batched and alone together)
-    prefill_chunk: int = 256  # prompt tokens prefilled per round while others decode
+    prefill_chunk: int = PREFILL_CHUNK  # prompt tokens prefilled per round (between the others' rounds)
 
     def validate(self) -> None:
         if not isinstance(self.max_batch, int) or self.max_batch < 1:
@@ -71,20 +66,20 @@ class Sink:
     def done(self, stats: GenerationStats, error: Hf2qError | None = None) -> None: ...
 
 
-@dataclass
+@dataclass(eq=False)
 class Entry:
-    """One generation in the scheduler."""
+    """One generation in the scheduler. ``cancel`` may be called from any thread."""
 
     id: int
     ids: list[int]
-    config: GenerationConfig
+    config: GenerationConfig | None
     sink: Sink
     stats: GenerationStats
     on_round: Callable[[Round], None] | None = None
     seq: Sequence | None = None
     chunker: Chunker | None = None
-    pending: list[int] = field(default_factory=list)  # prompt tokens still to prefill
-    hidden: dict[int, list] = field(default_factory=dict)  # captured states of the chunks prefilled
+    #: Token sequences its proposer may copy drafts from (into the Target's memory at admission).
+    drafting: list[list[int]] = field(default_factory=list)
     passed_over: int = 0  # rounds another joining prompt was prefilled first
     batched: bool = True
     cancelled: bool = False
@@ -93,48 +88,63 @@ class Entry:
         """Stop between rounds (its caches stay whole); never start if it waits."""
         self.cancelled = True
 
-
-@dataclass
-class _Row:
-    """A running row's round: its drafts, their key and what it reads."""
-
-    entry: Entry
-    key: Any = None
-    draft: Draft = field(default_factory=Draft)
-    masks: Any = None
-    verdict: Any = None
-    sizes: list[int] = field(default_factory=list)
-    result: tuple[int, list[int], list] = (0, [], [])  # accepted drafts, tokens to commit, log-probabilities
+    @property
+    def over(self) -> bool:
+        """Whether it is finished, stopped by a stop string or cancelled."""
+        return self.seq.done or self.chunker.stopped or self.cancelled
 
 
 class Scheduler:
-    """Runs generations on one Target, batched where their methods allow."""
+    """Runs generations on one Target, batched where they can share forwards."""
 
     def __init__(self, target: Target, config: SchedulerConfig | None = None):
         self.target = target
         self.config = config or SchedulerConfig()
         self.config.validate()
-        self.refusal = batch_refusal(target)
-        self.batch = BatchRuntime(target) if self.refusal is None else None
+        self._batch: BatchRuntime | None = None
+        self._refusal: str | None | bool = False  # False: not asked yet
         self.costs = BatchCosts()
+        self.lock = threading.RLock()  # guards ``waiting`` (submissions come from other threads)
         self.waiting: deque[Entry] = deque()
         self.joining: deque[Entry] = deque()  # admitted, prefilling
         self.rows: list[Entry] = []  # running in the batch
         self.alone: deque[Entry] = deque()  # running on their own
         self._ids = itertools.count()
+        self._drafters: dict[Hashable, BatchDrafter] = {}  # by their proposers' key
+        self._row_drafters: dict[int, BatchDrafter] = {}  # by entry id: the rows they draft for
         #: Rounds run per batch size (rows sharing a forward).
         self.rounds_by_size: dict[int, int] = {}
 
     # -- requests ---------------------------------------------------------------
-    def submit(self, ids: list[int], config: GenerationConfig, sink: Sink,
-               on_round: Callable[[Round], None] | None = None) -> Entry:  # fmt: skip
-        """Queue a generation of ``config`` for the prompt ``ids``."""
-        config.validate()
-        entry = Entry(next(self._ids), list(ids), config, sink, GenerationStats(method=config.spec.method),
-                      on_round)  # fmt: skip
-        entry.batched = self.batch is not None and method_named(config.spec.method).name in BATCHED_METHODS
-        self.waiting.append(entry)
+    def submit(
+        self,
+        ids: list[int],
+        config: GenerationConfig | None,
+        sink: Sink,
+        on_round: Callable[[Round], None] | None = None,
+        *,
+        drafting: Iterable[list[int]] = (),
+        sequence: Sequence | None = None,
+        stats: GenerationStats | None = None,
+    ) -> Entry:
+        """Queue a generation of ``config`` (validated where it was made) for
+        the prompt ``ids``, or a ``sequence`` built by the caller (not
+        started); ``stats`` (default: new) is filled as it runs."""
+        if sequence is not None:
+            stats = sequence.stats
+        elif stats is None:
+            stats = GenerationStats(method=config.spec.method)
+        entry = Entry(next(self._ids), list(ids), config, sink, stats, on_round, seq=sequence,
+                      drafting=list(drafting))  # fmt: skip
+        with self.lock:
+            self.waiting.append(entry)
         return entry
+
+    @property
+    def queued(self) -> int:
+        """Generations waiting to be admitted, not cancelled."""
+        with self.lock:
+            return sum(not e.cancelled for e in self.waiting)
 
     @property
     def active(self) -> int:
@@ -145,6 +155,15 @@ class Scheduler:
     def idle(self) -> bool:
         return not (self.waiting or self.active)
 
+    @property
+    def batch(self) -> BatchRuntime | None:
+        """The batch's runtime (made when first needed), or None when the target cannot batch."""
+        if self._refusal is False:
+            self._refusal = batch_refusal(self.target)
+        if self._batch is None and self._refusal is None:
+            self._batch = BatchRuntime(self.target)
+        return self._batch
+
     # -- rounds -----------------------------------------------------------------
     def step(self) -> None:
         """One round of everything admitted (see the module docstring)."""
@@ -154,7 +173,7 @@ class Scheduler:
             self._prefill(self._next_prefill())
         if self.rows:
             self._round()
-        if self.alone:
+        if self.alone:  # one round of one of them, in turn
             entry = self.alone[0]
             self.alone.rotate(-1)
             self._solo(entry)
@@ -168,19 +187,30 @@ class Scheduler:
             self.step()
 
     def _admit(self) -> None:
-        while self.waiting and self.active < self.config.max_batch:
-            entry = self.waiting.popleft()
+        while self.active < self.config.max_batch:
+            with self.lock:
+                if not self.waiting:
+                    return
+                entry = self.waiting.popleft()
             if entry.cancelled:
                 entry.sink.done(entry.stats)
                 continue
             try:
-                entry.seq = make_sequence(self.target, entry.ids, entry.config, entry.stats, entry.on_round)
-                entry.chunker = Chunker(self.target, entry.config, entry.stats)
-                entry.pending = entry.seq.begin()
-            except Hf2qError as e:
-                entry.sink.done(entry.stats, e)
+                self._start(entry)
+            except Exception as e:  # noqa: BLE001 - one request's failure ends it alone
+                self._fail(entry, e)
                 continue
             self.joining.append(entry)
+
+    def _start(self, entry: Entry) -> None:
+        """An admitted generation's sequence, chunker, drafting sources and runtime."""
+        if entry.seq is None:
+            entry.seq = make_sequence(self.target, entry.ids, entry.config, entry.stats, entry.on_round)
+        entry.chunker = Chunker(self.target, entry.config, entry.stats)
+        if entry.config is not None and entry.config.spec.memory:
+            for tokens in entry.drafting:
+                self.target.memory.add(tokens)
+        entry.seq.begin()
 
     def _next_prefill(self) -> Entry:
         """The joining prompt with the least left to prefill (short prompts start
@@ -188,7 +218,9 @@ class Scheduler:
         longest passed over, so none waits for ever."""
         due = [e for e in self.joining if e.passed_over >= self.config.max_batch]
         entry = (
-            max(due, key=lambda e: e.passed_over) if due else min(self.joining, key=lambda e: len(e.pending))
+            max(due, key=lambda e: e.passed_over)
+            if due
+            else min(self.joining, key=lambda e: len(e.seq.pending))
         )
         for other in self.joining:
             other.passed_over = 0 if other is entry else other.passed_over + 1
@@ -196,25 +228,9 @@ class Scheduler:
 
     def _prefill(self, entry: Entry) -> None:
         """One chunk of a joining prompt; a prompt done starts running (:meth:`_place`)."""
-        seq = entry.seq
         try:
-            if entry.pending:
-                size = self.config.prefill_chunk
-                chunk, entry.pending = entry.pending[:size], entry.pending[size:]
-                fwd = seq.rt.prefill(chunk, logits="none", capture_layers=seq.capture)
-                mx.eval(seq.rt.state(), list(fwd.hidden.values()))
-                for i, h in fwd.hidden.items():
-                    entry.hidden.setdefault(i, []).append(h)
-            if entry.pending:
+            if not entry.seq.prefill(self.config.prefill_chunk):
                 return
-            cache = self.target.prompt_cache
-            if cache is not None and not seq.rt.trimmable and len(seq.prompt) - 1 > seq.stats.cached_tokens:
-                cache.add(seq.rt.snapshot(seq.prompt[:-1]))
-            hidden = {
-                i: mx.concatenate(hs, axis=1) if len(hs) > 1 else hs[0] for i, hs in entry.hidden.items()
-            }
-            entry.hidden = {}
-            seq.after_prefill(hidden)
         except Exception as e:  # noqa: BLE001 - one request's failure ends it alone
             self.joining.remove(entry)
             self._fail(entry, e)
@@ -225,15 +241,11 @@ class Scheduler:
     def _place(self, entry: Entry) -> None:
         """A generation whose prompt is in starts running: in the batch, or
         alone when it cannot share forwards or nothing else could share them
-        (a generation alone runs the single-sequence loop: pipelined decodes,
-        its own cost model); the first batchable partner moves any batchable
-        generation running alone into the batch with it."""
-        if not entry.batched or entry.seq.capture:
-            entry.batched = False
-            self.alone.append(entry)
-            return
+        (a generation alone pipelines its decodes); the first partner moves
+        any batchable generation running alone into the batch with it."""
+        entry.batched = entry.seq.proposer.batchable
         mates = [e for e in self.alone if e.batched]
-        if not self.rows and not mates:
+        if not entry.batched or not (self.rows or mates) or self.batch is None:
             self.alone.append(entry)
             return
         for mate in mates:
@@ -242,132 +254,172 @@ class Scheduler:
         self._to_batch(entry)
 
     def _to_batch(self, entry: Entry) -> None:
-        """Move a generation (prefilled, or running alone) into the batch."""
+        """Move a generation (prefilled, or running alone) into the batch (and
+        its proposer's state into the batch drafter it shares, if it has one)."""
         seq = entry.seq
-        seq.settle_flight()
+        seq.settle()
         seq.move(self.batch.add(entry.id, seq.rt))
         self.rows.append(entry)
+        spec = seq.proposer.batch_drafter(self.batch)
+        if spec is not None:
+            key, make = spec
+            drafter = self._drafters.get(key)
+            if drafter is None:
+                drafter = self._drafters[key] = make()
+            drafter.join(entry.id, seq.proposer)
+            self._row_drafters[entry.id] = drafter
+
+    def _out_of_batch(self, entry: Entry) -> None:
+        """A row leaves the batch's caches and its batch drafter (dropped once it drafts for no row)."""
+        self.batch.remove([entry.id])
+        drafter = self._row_drafters.pop(entry.id, None)
+        if drafter is not None:
+            drafter.leave(entry.id, entry.seq.proposer)
+            if drafter not in self._row_drafters.values():
+                self._drafters = {k: d for k, d in self._drafters.items() if d is not drafter}
 
     def _to_alone(self, entry: Entry) -> None:
         """Move the batch's last row out, to run alone: its caches rebuilt
         from the batch's as a prompt-cache state would be."""
         seq = entry.seq
+        rt = seq.new_runtime()
         n = len(seq.tokens) - 1
-        rt = self.target.runtime(slack=max(64, seq.policy.k_max + 2), rollback=seq.policy.k_max + 2)
         if n > 0:
             rt.restore(seq.rt.snapshot(seq.tokens[:-1]), n)
-        self.batch.remove([entry.id])
+        self._out_of_batch(entry)
         self.rows.remove(entry)
         seq.move(rt)
         self.alone.append(entry)
 
     def _round(self) -> None:
-        """One batched round of every running row."""
-        rows = []
-        for entry in list(self.rows):
-            try:
-                rows.append(self._plan(entry))
-            except Exception as e:  # noqa: BLE001
-                self._leave(entry, e)
-        if not rows:
+        """One round of every row of the batch: drafts, one width, one forward, one read."""
+        turns = self._turns(self.rows)
+        if not turns:
             return
-        offers = [self._offer(r) for r in rows]
-        width = plan_width(offers, self.costs)
-        for r in rows:
-            r.draft = r.draft.head(width - 1)
-            if r.masks is not None:
-                r.masks = r.masks[: len(r.draft) + 1]
+        width = plan_width([e.seq.offer(t) for e, t in turns], self.costs)
+        for e, t in turns:
+            e.seq.cut(t, width)
         t0 = time.perf_counter()
         try:
-            host = self._verify(rows)
+            host = self._verify(turns)
         except Exception as e:  # noqa: BLE001 - a failed forward leaves the batch's caches unknown
             self._reset(e)
             return
         seconds = time.perf_counter() - t0
-        real = max(len(r.draft) for r in rows) + 1
-        self.costs.update(len(rows) * real, seconds)
-        self.rounds_by_size[len(rows)] = self.rounds_by_size.get(len(rows), 0) + 1
-        for r, parts in zip(rows, host):
-            r.result = r.entry.seq.settle(r.draft, r.verdict, parts)
+        self.costs.update(len(turns) * (max(len(t.draft) for _, t in turns) + 1), seconds)
+        self.rounds_by_size[len(turns)] = self.rounds_by_size.get(len(turns), 0) + 1
+        results = [e.seq.resolve(t, parts) for (e, t), parts in zip(turns, host)]
         self.batch.settle()
-        for r in rows:
-            self._conclude(r, seconds)
+        for (e, t), result in zip(turns, results):
+            self._emit(e, e.seq.record, t, result, seconds=seconds)
 
-    def _plan(self, entry: Entry) -> _Row:
-        seq = entry.seq
-        key = seq.draft_key()
-        cap = seq.room() if not isinstance(seq.policy, FixedK) else min(seq.policy.k, seq.room())
-        cap = min(cap, seq.policy.k_max)
-        draft = seq.propose(key, cap) if cap > 0 else Draft()
-        draft, masks = seq.checked(draft)
-        return _Row(entry, key, draft, masks)
+    def _turns(self, entries: list[Entry]) -> list[tuple[Entry, Turn]]:
+        """Each row's turn of the round: asked, drafted (on the host row by
+        row, or by the batch drafter its rows share) and checked; a row whose
+        drafting fails leaves the batch."""
+        turns = []
+        for entry in list(entries):
+            if (turn := self._guarded(entry, entry.seq.ask, batched=True)) is not None:
+                turns.append((entry, turn))
+        groups: dict[int, list[tuple[Entry, Turn]]] = {}
+        for entry, turn in turns:
+            if turn.wants_drafts and entry.id in self._row_drafters:
+                groups.setdefault(id(self._row_drafters[entry.id]), []).append((entry, turn))
+        for members in groups.values():
+            self._batch_drafts(members)
+        out = []
+        for entry, turn in turns:
+            if entry in self.rows and self._guarded(entry, self._checked, entry, turn) is not None:
+                out.append((entry, turn))
+        return out
 
-    def _offer(self, r: _Row) -> Offer:
-        policy = r.entry.seq.policy
-        n = len(r.draft)
-        if isinstance(policy, AdaptiveK):
-            return Offer(n, survival(policy, r.key, n))
-        return Offer(n, fixed=True)
+    def _guarded(self, entry: Entry, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        """``fn(*args, **kw)``, or None when it fails: the row then leaves with the error."""
+        try:
+            return fn(*args, **kw)
+        except Exception as e:  # noqa: BLE001 - one row's failure ends it alone
+            self._leave(entry, e)
+            return None
 
-    def _verify(self, rows: list[_Row]) -> list[list[list[float]]]:
+    def _checked(self, entry: Entry, turn: Turn) -> Turn:
+        """Host drafts where no batch drafter made them, then the constraint's cut."""
+        if turn.wants_drafts and entry.id not in self._row_drafters:
+            entry.seq.propose(turn)  # host drafts (a batch drafter made the others')
+        entry.seq.check(turn)
+        return turn
+
+    def _batch_drafts(self, members: list[tuple[Entry, Turn]]) -> None:
+        """Drafts for the rows that share one batch drafter, made together;
+        if it fails, its rows leave."""
+        drafter = self._row_drafters[members[0][0].id]
+        asks = [DraftAsk(e.id, e.seq.proposer, e.seq.tokens, t.k) for e, t in members]
+        try:
+            drafts = drafter.propose(asks)
+        except Exception as error:  # noqa: BLE001
+            for e, _ in members:
+                self._leave(e, error)
+            return
+        for (e, t), draft in zip(members, drafts):
+            e.seq.take(t, draft)
+
+    def _verify(self, turns: list[tuple[Entry, Turn]]) -> list[list[list[float]]]:
         """The batched forward and its one read: every row's read parts."""
-        logits = self.batch.forward([r.entry.seq.feed(r.draft) for r in rows])
+        capture = sorted({i for e, _ in turns for i in e.seq.capture})
+        fwd = self.batch.forward([e.seq.inputs(t) for e, t in turns], capture_layers=capture)
         parts = []
-        for b, r in enumerate(rows):
-            r.verdict, row_parts = r.entry.seq.judge(logits[b, : len(r.draft) + 1], r.draft, r.masks)
-            r.sizes = [p.size for p in row_parts]
-            parts.extend(row_parts)
-        flat = unpack(self.batch_read(pack(parts)), [sum(r.sizes) for r in rows])
-        return [unpack(f, r.sizes) for f, r in zip(flat, rows)]
+        for b, (e, t) in enumerate(turns):
+            width = len(t.draft) + 1
+            e.seq.judge(t, fwd.logits[b, :width])
+            t.hidden = {i: fwd.hidden[i][b : b + 1, :width] for i in e.seq.capture}
+            parts.extend(t.parts)
+        flat = unpack(self.batch_read(pack(parts)), [sum(t.sizes) for _, t in turns])
+        return [unpack(f, t.sizes) for f, (_, t) in zip(flat, turns)]
 
     @staticmethod
     def batch_read(packed: mx.array) -> list[float]:
         """The round's one blocking read."""
         return packed.tolist()
 
-    def _conclude(self, r: _Row, seconds: float) -> None:
-        entry, seq = r.entry, r.entry.seq
-        n, new, lps = r.result
-        rnd = Round(k=len(r.draft), drafted=len(r.draft), accepted=n, key=r.key, cost_seconds=seconds,
-                    catch_up=seq.catch_up, propose_seconds=seq.take_propose_seconds(),
-                    verify_seconds=seconds)  # fmt: skip
-        try:
-            committed = seq.conclude(rnd, new, {}, lps, batched=True)
-            if committed:
-                entry.sink.chunk(entry.chunker.feed(committed, seq.logprobs))
-        except Exception as e:  # noqa: BLE001
-            self._leave(entry, e)
-            return
-        if seq.done or entry.chunker.stopped or entry.cancelled:
-            self._leave(entry)
-
     def _solo(self, entry: Entry) -> None:
-        """One round of a generation running alone."""
+        """One round of a generation running alone, on its own runtime: its
+        forward queued, the next decode queued behind it where it may, one read."""
+        self._emit(entry, self._solo_round, entry.seq)
+
+    @staticmethod
+    def _solo_round(seq: Sequence) -> list[int]:
+        turn = seq.launch()
+        seq.chain(turn)
+        return seq.land(turn, unpack(seq.rt.read(turn.read), turn.sizes))
+
+    def _emit(self, entry: Entry, land: Callable[..., list[int]], *args: Any, **kw: Any) -> None:
+        """Land one generation's round (``land(*args, **kw)`` commits it): its
+        text goes to the sink; a generation that is over leaves, one that
+        failed fails."""
         seq = entry.seq
         try:
-            committed = seq.step()
+            committed = land(*args, **kw)
             if committed:
                 entry.sink.chunk(entry.chunker.feed(committed, seq.logprobs))
-        except Exception as e:  # noqa: BLE001
-            self.alone.remove(entry)
-            self._fail(entry, e)
+        except Exception as e:  # noqa: BLE001 - one generation's failure ends it alone
+            self._leave(entry, e)
             return
-        if seq.done or entry.chunker.stopped or entry.cancelled:
-            self.alone.remove(entry)
-            self._finish(entry)
+        if entry.over:
+            self._leave(entry)
 
     # -- endings ----------------------------------------------------------------
     def _leave(self, entry: Entry, error: Exception | None = None) -> None:
-        """A row leaves the batch: finished (its caches kept for the prompt
-        cache) or failed."""
-        self.rows.remove(entry)
+        """A running generation leaves: finished (its caches kept for the
+        prompt cache) or failed."""
+        in_batch = entry in self.rows
+        (self.rows if in_batch else self.alone).remove(entry)
         try:
             if error is None:
                 self._finish(entry)
             else:
                 self._fail(entry, error)
         finally:
-            self.batch.remove([entry.id])
+            if in_batch:
+                self._out_of_batch(entry)
 
     def _finish(self, entry: Entry) -> None:
         try:
@@ -388,24 +440,32 @@ class Scheduler:
                 entry.seq.close(keep=False)
         except Exception:  # noqa: BLE001 - already failing: the original error is what counts
             pass
-        entry.sink.done(entry.stats, error if isinstance(error, Hf2qError) else _Failure(error))
+        entry.sink.done(entry.stats, error if isinstance(error, Hf2qError) else Failure(error))
 
     def _reset(self, error: Exception) -> None:
         """A batched forward failed: every running row fails, the batch starts empty."""
         for entry in list(self.rows):
             self.rows.remove(entry)
             self._fail(entry, error)
-        if self.batch is not None:
-            self.batch = BatchRuntime(self.target)
+        if self._batch is not None:
+            self._batch = BatchRuntime(self.target)
+        self._drafters, self._row_drafters = {}, {}
 
     def _drop_cancelled(self) -> None:
-        for entry in [e for e in self.waiting if e.cancelled]:
-            self.waiting.remove(entry)
+        """Cancelled generations end before the round: waiting ones never
+        start, joining and running ones close with their caches whole."""
+        with self.lock:
+            gone = [e for e in self.waiting if e.cancelled]
+            for entry in gone:
+                self.waiting.remove(entry)
+        for entry in gone:
             entry.sink.done(entry.stats)
         for entry in [e for e in self.joining if e.cancelled]:
             self.joining.remove(entry)
             entry.seq.close(keep=False)
             entry.sink.done(entry.stats)
+        for entry in [e for e in (*self.rows, *self.alone) if e.cancelled]:
+            self._leave(entry)
 
     def fail_all(self, error: Exception | None = None) -> None:
         """Something failed outside any one generation: every admitted one
@@ -418,76 +478,16 @@ class Scheduler:
 
     def cancel_all(self) -> None:
         """Cancel every generation (waiting ones never start)."""
-        for entry in (*self.waiting, *self.joining, *self.rows, *self.alone):
+        with self.lock:
+            waiting = list(self.waiting)
+        for entry in (*waiting, *self.joining, *self.rows, *self.alone):
             entry.cancel()
 
 
-class _Failure(Hf2qError):
-    """An unexpected error inside a generation (not the request's fault)."""
+class Failure(Hf2qError):
+    """An unexpected error inside a generation (not the request's fault);
+    ``cause`` is the original exception."""
 
     def __init__(self, cause: Exception):
         super().__init__(f"the generation failed: {one_line(cause)}")
         self.cause = cause
-
-
-def batch_generate(
-    target: Target,
-    prompts: abc.Sequence[str | abc.Sequence[int]],
-    *,
-    max_tokens: int = 256,
-    method: str = "ngram",
-    max_batch: int = 8,
-    on_round: Callable[[Round], None] | None = None,
-    configs: abc.Sequence[GenerationConfig] | None = None,
-    **options: Any,
-) -> list[GenerationResult]:
-    """Generate completions of several prompts at once, sharing forwards:
-    up to ``max_batch`` run in one batch, each speculating with its own
-    drafts; the results come back in the order of ``prompts``, each as
-    ``generate`` would return it (greedy tokens equal, but at near-ties).
-
-    ``configs``: one ``GenerationConfig`` per prompt instead of the keyword
-    options (which :func:`stream_generate` lists).
-    """
-    if isinstance(prompts, str) or not isinstance(prompts, abc.Sequence):
-        raise Hf2qError("prompts must be a list of prompts (strings or token id lists)")
-    if configs is None:
-        configs = [make_config(max_tokens=max_tokens, method=method, **options)] * len(prompts)
-    elif options or max_tokens != 256 or method != "ngram":
-        raise Hf2qError("pass either configs= or keyword options, not both")
-    elif len(configs) != len(prompts):
-        raise Hf2qError(f"{len(configs)} configs for {len(prompts)} prompts")
-    scheduler = Scheduler(target, SchedulerConfig(max_batch=max_batch))
-    sinks = []
-    for prompt, config in zip(prompts, configs):
-        config.validate()
-        ids = encode_prompt(target, prompt, config.chat_template)
-        sink = _Collect(ids)
-        scheduler.submit(ids, config, sink, on_round)
-        sinks.append(sink)
-    scheduler.run()
-    return [s.result() for s in sinks]
-
-
-class _Collect:
-    """A scheduler sink that keeps one generation's output."""
-
-    def __init__(self, ids: list[int]):
-        self.ids, self.tokens, self.text = ids, [], []
-        self.logprobs: list[TokenLogprob] | None = None
-        self.stats: GenerationStats | None = None
-        self.error: Hf2qError | None = None
-
-    def chunk(self, chunk: GenerationChunk) -> None:
-        self.tokens.extend(chunk.tokens)
-        self.text.append(chunk.text)
-        if chunk.logprobs is not None:
-            self.logprobs = (self.logprobs or []) + chunk.logprobs
-
-    def done(self, stats: GenerationStats, error: Hf2qError | None = None) -> None:
-        self.stats, self.error = stats, error
-
-    def result(self) -> GenerationResult:
-        if self.error is not None:
-            raise self.error
-        return GenerationResult(self.tokens, "".join(self.text), self.ids, self.stats, self.logprobs)

@@ -1,14 +1,26 @@
-"""One generation as an object: the state a generation carries between
-rounds and the rounds themselves.
+"""One generation as an object: the state it carries between rounds, and its
+side of a round, which whatever drives it (the scheduler's loop) calls.
 
-Each round the proposer drafts up to K tokens after the committed ones;
-nothing drafted: one single-token decode (the baseline's own step);
-otherwise one batched verify of ``[last, d1..dK]``, accepting the longest
-prefix the target agrees with plus the target's own token there, and
-trimming the rejected positions from the caches. Every round makes one
-blocking read: the target's tokens, the verdict on the drafts, lazy drafts
-(model drafts are never read before their verify) and log-probabilities
-come back together.
+A round, as the driver runs it for one or many generations:
+
+1. :meth:`Sequence.ask`: the drafts it offers (early drafts a decode
+   confirmed, else the draft key and how many to draft: its policy's
+   ``next_k`` alone, ``batch_k`` in a batch, where the batch's planner
+   chooses the width from :meth:`Sequence.offer`);
+2. :meth:`Sequence.propose` (host drafts; a batched drafter may fill
+   ``Turn.draft`` instead) and :meth:`Sequence.check` (a grammar cuts drafts
+   it forbids);
+3. one forward feeds :meth:`Sequence.inputs`: its own runtime
+   (:meth:`Sequence.queue`) or the batch's, whose logits rows go to
+   :meth:`Sequence.judge` (the lazy verdict and what the round reads);
+4. one blocking read for the whole round, then :meth:`Sequence.land`:
+   the verdict resolved, rejected positions trimmed, the round recorded
+   (one ``Round``), tokens committed, policy and proposer updated.
+
+A generation running alone pipelines its decodes (:meth:`Sequence.chain`
+queues the next decode before the current token is read) and drafts while
+such a decode is in flight; drafts the decode confirms are offered next
+round, so no forward is wasted.
 
 Invariant between rounds: the cache holds every committed token but the last
 (``runtime.offset == len(tokens) - 1``) plus, while a decode is in flight,
@@ -27,6 +39,7 @@ import mlx.core as mx
 
 from .distributed import Sharding, agree, token_check
 from .draft_length import NoDrafts, Policy, build_policy
+from .draft_length.batch import Offer, offer
 from .errors import Hf2qError
 from .proposers.base import Draft, PlainDecoding, Proposer
 from .sampling import Greedy, TokenLogprob, Verdict, logprob_block, read_logprobs
@@ -54,30 +67,43 @@ def unpack(host: list[float], sizes: abc.Sequence[int]) -> list[list[float]]:
 
 
 @dataclass
-class Flight:
-    """A round whose target forward is queued and not yet read."""
+class Turn:
+    """One generation's part of one round: the drafts it offers, then its
+    forward's lazy results, then the facts its ``Round`` records."""
 
-    read: mx.array  # everything the round reads, packed
-    sizes: list[int]  # the packed parts: lazy drafts, verdict, log-probabilities
-    hidden: dict[int, mx.array]
-    since: float  # when its forward could start
-    queued: float  # when it was queued
-    k: int = 0
     key: Hashable = None
+    k: int = 0  # the draft length the policy chose (the drafts may be fewer)
     draft: Draft = field(default_factory=Draft)
-    verdict: Verdict | None = None
-    token: mx.array | None = None  # a decode's lazy next token (the input of a decode chained behind it)
-    chained: bool = False  # a decode queued while the decode before it ran (pipelined)
-    predrafted: bool = False  # its drafts were made during the decode before it
+    masks: mx.array | None = None  # a grammar's masks of the verified positions
+    predrafted: bool = False  # drafts made during the decode before (timed there)
+    verdict: Verdict | None = None  # None: a decode
+    token: mx.array | None = None  # a decode's lazy next token (a chained decode's input)
+    parts: list[mx.array] = field(default_factory=list)  # what the round reads, lazy
+    hidden: dict[int, mx.array] = field(default_factory=dict)  # captured states (alone)
+    read: mx.array | None = None  # ``parts`` packed (alone: queued on its own)
+    since: float = 0.0  # when its forward could start
+    queued: float = 0.0  # when its forward was queued
+    chained: bool = False  # a decode queued while the decode before it ran
+    landing: float = 0.0  # alone, a decode: when its driver began waiting for it
+    read_at: float = 0.0  # when its read came back
 
     @property
     def decode(self) -> bool:
-        return self.verdict is None
+        return not self.draft
+
+    @property
+    def wants_drafts(self) -> bool:
+        """Whether drafts are still to be made for it."""
+        return self.k > 0 and not self.predrafted
+
+    @property
+    def sizes(self) -> list[int]:
+        return [p.size for p in self.parts]
 
 
 class Sequence:
     """One generation: its runtime, proposer, draft-length policy, decider,
-    committed tokens and statistics, run one round per :meth:`step`.
+    committed tokens and statistics, and its side of each round.
 
     ``decider`` turns logits into tokens and judges drafts: greedy by
     default, or a ``Sampler`` (lossless speculative sampling). With no
@@ -87,16 +113,9 @@ class Sequence:
     decode (a stream's time to first token). ``logprobs``: N >= 0 keeps
     each committed token's log-probability and N alternatives
     (:attr:`logprobs`). ``constraint``: a grammar state (structured output)
-    that cuts drafts it forbids and masks every verified position.
-
-    Decode rounds are pipelined as in mlx-lm: the next decode is queued
-    before the current token is read, so graph building overlaps the
-    forward. When the proposer drafts during such a stretch (``early``),
-    the queued decode's token is committed first and speculation starts
-    from the next round, with the drafts the decode confirmed (``ready``),
-    so no forward is wasted. EOS ends generation (the EOS token itself is
-    not committed) and ``max_tokens`` is never exceeded, also inside an
-    accepted block.
+    that cuts drafts it forbids and masks every verified position. EOS ends
+    generation (the EOS token itself is not committed) and ``max_tokens``
+    is never exceeded, also inside an accepted block.
     """
 
     def __init__(
@@ -133,42 +152,64 @@ class Sequence:
         self.top_logprobs, self.constraint = logprobs, constraint
         self.capture = tuple(self.proposer.capture_layers)
         self.tokens = list(prompt)
-        #: The log-probabilities of the tokens the last step committed (``logprobs`` set).
+        #: The log-probabilities of the tokens the last round committed (``logprobs`` set).
         self.logprobs: list[TokenLogprob] = []
         self.done = False
         self.rt: Runtime | None = None
-        self.flight: Flight | None = None
+        self.pending: list[int] = []  # prompt tokens still to prefill
+        self._hidden: dict[int, list[mx.array]] = {}  # captured states of the prompt so far
+        self.ahead: Turn | None = None  # a decode queued behind the last round (alone)
         self.early: tuple[Hashable, Draft] | None = None  # drafted while a decode ran
         self.ready: tuple[Hashable, Draft] | None = None  # early drafts the decode confirmed
         self.propose_seconds = 0.0  # drafting time not yet charged to a round
         self.catch_up = 0  # committed tokens the proposer read in that time
-        self._t0 = self._tp = self._t_start = (
-            0.0  # wall and runtime clocks at begin, prefill's start, decode's
-        )
+        self._t0 = self._tp = self._t_start = 0.0  # wall and runtime clocks: begin, prefill, decode
 
     # -- life cycle ------------------------------------------------------------
-    def start(self) -> None:
-        """Restore what the prompt cache holds of the prompt, prefill the rest
-        (all but its last token) and start the proposer."""
-        self.begin()
-        self.after_prefill(prefill(self.rt, self.prompt, self.capture))
+    def new_runtime(self) -> Runtime:
+        """A fresh runtime sized for this generation's rollback depth."""
+        k = self.policy.k_max
+        return self.target.runtime(slack=max(64, k + 2), rollback=k + 2)
 
-    def begin(self, runtime: Runtime | None = None) -> list[int]:
+    def begin(self, runtime: Runtime | None = None) -> None:
         """Take a runtime (default: a fresh one, from the prompt cache where it
-        holds part of the prompt); returns the prompt tokens still to prefill."""
+        holds part of the prompt); :attr:`pending` is what remains to prefill
+        (all of the prompt but its last token, which the first round feeds)."""
         self.stats.prompt_tokens = len(self.prompt)
         self._t0 = time.perf_counter()
         if runtime is None:
-            reuse = not self.proposer.capture_layers
-            runtime = resume(self.target, self.prompt, self.policy.k_max, reuse=reuse)
+            runtime = self.new_runtime()
+            cache = self.target.prompt_cache
+            if cache is not None and not self.proposer.capture_layers:
+                snap, n = cache.lookup(self.prompt, limit=len(self.prompt) - 1)
+                if snap is not None:
+                    runtime.restore(snap, n)
         self.rt = runtime
         self.stats.cached_tokens = runtime.offset
+        self.pending = self.prompt[runtime.offset : -1]
         self._tp = runtime.clock()
-        return self.prompt[runtime.offset : -1]
 
-    def after_prefill(self, hidden: dict[int, mx.array]) -> None:
-        """The prompt is prefilled (``hidden``: its captured states): the
-        policy learns the prefill's speed, the proposer starts."""
+    def prefill(self, chunk: int) -> bool:
+        """Prefill the next ``chunk`` pending prompt tokens; True once the
+        prompt is in (the proposer then starts)."""
+        if self.pending:
+            feed, self.pending = self.pending[:chunk], self.pending[chunk:]
+            fwd = self.rt.prefill(feed, logits="none", capture_layers=self.capture)
+            mx.eval(self.rt.state(), list(fwd.hidden.values()))
+            for i, h in fwd.hidden.items():
+                self._hidden.setdefault(i, []).append(h)
+        if self.pending:
+            return False
+        cache = self.target.prompt_cache
+        if cache is not None and not self.rt.trimmable and len(self.prompt) - 1 > self.stats.cached_tokens:
+            cache.add(self.rt.snapshot(self.prompt[:-1]))  # a state later rounds cannot cut back to
+        hidden = {i: mx.concatenate(hs, axis=1) if len(hs) > 1 else hs[0] for i, hs in self._hidden.items()}
+        self._hidden = {}
+        self._after_prefill(hidden)
+        return True
+
+    def _after_prefill(self, hidden: dict[int, mx.array]) -> None:
+        """The policy learns the prefill's speed, the proposer starts."""
         rt, stats = self.rt, self.stats
         seconds = rt.clock() - self._tp
         if self.target.sharding is not None and self.proposer.active:  # every rank learns rank 0's time
@@ -183,26 +224,207 @@ class Sequence:
         or a single sequence's runtime again); nothing may be in flight."""
         self.rt = runtime
 
-    def settle_flight(self) -> None:
+    def settle(self) -> None:
         """Drop a decode queued ahead (and drafts made meanwhile): the caches
         then hold exactly the committed tokens but the last, as between
         rounds; the dropped decode is computed again next round."""
-        if self.flight is not None:
-            self.flight = None
-            extra = self.rt.offset - (len(self.tokens) - 1)
-            if extra > 0:
-                self.rt.trim(extra)
+        self.ahead = None
         self.early = self.ready = None
+        extra = self.rt.offset - (len(self.tokens) - 1)
+        if extra > 0:
+            self.rt.trim(extra)
 
-    def step(self) -> list[int]:
-        """One round: queue it (unless a chained decode already is), read it,
-        commit its tokens; returns them (possibly none). Sets ``done``."""
-        flight = self.flight if self.flight is not None else self._launch()
-        self.flight = None
-        return self.conclude(*self._land(flight))
+    def close(self, keep: bool = True) -> None:
+        """Leave the cache holding exactly the committed tokens but the last,
+        tell the proposer, and (``keep``: the caches are whole) add the state
+        to the Target's prompt cache."""
+        if self.rt is None:
+            return
+        rt = self.rt
+        self.stats.decode_seconds = rt.clock() - self._t_start
+        self.settle()
+        self.proposer.finish(self.tokens)
+        if keep and rt.target.prompt_cache is not None:
+            rt.target.prompt_cache.add(rt.snapshot(self.tokens[:-1]))
+        self.rt = None
 
-    def conclude(
-        self, r: Round, new: list[int], hidden: dict[int, Any], lps: list[TokenLogprob], batched: bool = False
+    # -- a round: what it offers -------------------------------------------------
+    def room(self) -> int:
+        """The most drafts the budget leaves room for this round (0 while the
+        proposer is inactive, and for a plain first token)."""
+        if not self.proposer.active or (self.plain_first_token and self.stats.generated_tokens == 0):
+            return 0
+        return self.max_tokens - self.stats.generated_tokens - 1
+
+    def ask(self, batched: bool = False) -> Turn:
+        """This round's turn: early drafts a decode confirmed, else the draft
+        key and how many drafts to make (:meth:`propose` makes them)."""
+        room = self.room()
+        if self.ready is not None:
+            (key, draft), self.ready = self.ready, None
+            k = min(self.policy.next_k(key), room) if room > 0 else 0
+            return Turn(key, k, draft.head(k), predrafted=True)
+        key = self.proposer.draft_key(self.tokens) if self.proposer.active else None
+        want = self.policy.batch_k(key) if batched else self.policy.next_k(key)
+        return Turn(key, min(want, room) if room > 0 else 0)
+
+    def propose(self, turn: Turn) -> None:
+        """Draft ``turn.k`` tokens with the proposer (unless the turn has its drafts)."""
+        if turn.wants_drafts:
+            self.take(turn, self.proposer.propose(self.tokens, turn.k))
+
+    def take(self, turn: Turn, draft: Draft) -> None:
+        """The turn's drafts, made by the proposer or by a batch's drafter for it."""
+        self.catch_up += draft.catch_up
+        turn.draft = draft.head(turn.k)
+
+    def check(self, turn: Turn) -> None:
+        """Cut the drafts where the constraint forbids one; its masks for the
+        positions the round verifies."""
+        draft = turn.draft
+        if draft.lazy and (self.constraint is not None or self.decider.needs_context):
+            draft = self._materialize(draft)  # a grammar and a penalty walk token ids
+        if self.constraint is not None:
+            allowed, masks = self.constraint.plan(list(draft.tokens))
+            draft, turn.masks = draft.head(allowed), masks[: allowed + 1]
+        turn.draft = draft
+
+    def offer(self, turn: Turn) -> Offer:
+        """The turn's drafts as the batch's width planner prices them."""
+        return offer(self.policy, turn.key, len(turn.draft))
+
+    def cut(self, turn: Turn, width: int) -> None:
+        """Keep the drafts that fit a forward of ``width`` positions."""
+        turn.draft = turn.draft.head(width - 1)
+        if turn.masks is not None:
+            turn.masks = turn.masks[: len(turn.draft) + 1]
+
+    @staticmethod
+    def _materialize(draft: Draft) -> Draft:
+        """Lazy drafts read now (a read of their own), as token ids."""
+        draft.values = draft.tokens.tolist()
+        return Draft(list(draft.values), draft.probs, draft.catch_up)
+
+    # -- a round: its forward ----------------------------------------------------
+    def inputs(self, turn: Turn) -> list[int] | mx.array:
+        """What the round feeds: the last committed token, then the drafts."""
+        last, draft = self.tokens[-1], turn.draft
+        if draft.lazy:
+            return mx.concatenate([mx.array([last], dtype=mx.uint32), draft.tokens.astype(mx.uint32)])
+        return [last, *draft.tokens]
+
+    def judge(self, turn: Turn, logits: mx.array, ahead: int = 0) -> None:
+        """The lazy verdict (or a decode's next token, ``ahead`` positions past
+        the committed tokens) from the rows ``logits`` of the turn's forward,
+        and what the round reads: lazy drafts, the verdict, log-probabilities."""
+        draft, masks = turn.draft, turn.masks
+        if turn.decode:
+            y = self.decider.next_token(logits[-1], self.tokens, ahead, None if masks is None else masks[0])
+            turn.token, turn.parts = y, [y]
+            drafts, chosen = mx.zeros((0,), dtype=mx.uint32), y.reshape(1)
+        else:
+            turn.verdict = self.decider.judge(logits, self.tokens, draft.tokens, draft.probs, masks)
+            turn.parts = [draft.tokens, turn.verdict.values] if draft.lazy else [turn.verdict.values]
+            drafts = draft.tokens if draft.lazy else mx.array(draft.tokens, dtype=mx.uint32)
+            chosen = turn.verdict.chosen(drafts)
+        if self.top_logprobs is not None:
+            turn.parts.append(
+                logprob_block(logits[-len(turn.draft) - 1 :], drafts, chosen, self.top_logprobs)
+            )
+
+    def queue(self, turn: Turn, token: int | mx.array | None = None, ahead: int = 0) -> Turn:
+        """Queue the turn's forward on this generation's own runtime (alone):
+        a decode of ``token`` (default: the last committed one, ``ahead``
+        positions before the one it computes) or a verify of its drafts."""
+        turn.queued = self.rt.clock()
+        if turn.decode:
+            fwd = self.rt.decode(self.tokens[-1] if token is None else token, capture_layers=self.capture)
+        else:
+            fwd = self.rt.verify(self.inputs(turn), capture_layers=self.capture)
+        self.judge(turn, fwd.logits, ahead)
+        turn.hidden, turn.read = fwd.hidden, pack(turn.parts)
+        mx.async_eval(turn.read)
+        return turn
+
+    def launch(self) -> Turn:
+        """Alone: plan this round (the pipelined decode queued ahead, if any)
+        and queue its forward on this generation's own runtime."""
+        if self.ahead is not None:
+            turn, self.ahead = self.ahead, None
+            return turn
+        t0 = self.rt.clock()
+        turn = self.ask()
+        self.propose(turn)
+        self.check(turn)
+        tv = self.rt.clock()
+        self.propose_seconds += tv - t0
+        turn.since = tv if turn.decode else t0
+        return self.queue(turn)
+
+    def chain(self, turn: Turn) -> None:
+        """Alone: queue the next decode behind a decode turn before the turn is
+        read (:attr:`ahead`), when the pipeline allows."""
+        turn.landing = self.rt.clock()
+        if turn.decode and self._may_chain():
+            self.ahead = self.queue(Turn(chained=True), turn.token, ahead=1)
+
+    # -- a round: what comes back ------------------------------------------------
+    def land(self, turn: Turn, host: list[list[float]], *, seconds: float | None = None) -> list[int]:
+        """The round's read parts (as :meth:`judge` listed them) resolved and
+        the round recorded; returns the committed tokens. ``seconds``: the
+        batch's forward time (a batched row), else the turn's own timings."""
+        return self.record(turn, self.resolve(turn, host), seconds=seconds)
+
+    def resolve(self, turn: Turn, host: list[list[float]]) -> tuple[int, list[int], list[TokenLogprob]]:
+        """Accepted drafts, the tokens to commit and their log-probabilities;
+        the rejected positions are trimmed."""
+        ts = turn.read_at = self.rt.clock()
+        if self.ahead is not None:
+            self.ahead.since = ts  # the decode behind this one could start now
+        if turn.decode:
+            new = [int(host[0][0])]
+            lps = read_logprobs(host[1], 0, self.top_logprobs, new) if len(host) > 1 else []
+            return 0, new, lps
+        host, draft = list(host), turn.draft
+        if draft.lazy:
+            draft.values = [int(t) for t in host.pop(0)]
+        drafts = draft.values if draft.lazy else draft.tokens
+        n, t = turn.verdict.resolve(host[0], drafts)
+        self.rt.trim(len(drafts) - n)
+        new = [*drafts[:n], t]
+        lps = read_logprobs(host[1], len(drafts), self.top_logprobs, new) if len(host) > 1 else []
+        return n, new, lps
+
+    def record(
+        self, turn: Turn, result: tuple[int, list[int], list[TokenLogprob]], *, seconds: float | None = None
+    ) -> list[int]:
+        """Record a resolved turn's round, commit its tokens, let the policy and
+        the proposer learn; returns the committed tokens."""
+        n, new, lps = result
+        r = self._round(turn, n, turn.read_at, seconds)
+        if turn.decode:
+            self._judge_early(r, new[0])
+        return self._conclude(r, new, turn.hidden, lps, batched=seconds is not None)
+
+    def _round(self, turn: Turn, accepted: int, ts: float, seconds: float | None) -> Round:
+        """The ``Round`` record of a landed turn."""
+        te = self.rt.clock()
+        drafted = len(turn.draft)
+        if seconds is not None:  # a batched row: the batch's forward
+            k, cost, verify = drafted, seconds, seconds
+        else:
+            k, cost = (0 if turn.decode else turn.k), ts - turn.since
+            verify = ts - (turn.landing if turn.decode else turn.queued)
+        return Round(
+            k=k, drafted=drafted, accepted=accepted, key=turn.key,
+            cost_seconds=cost, catch_up=self.catch_up, propose_seconds=self._take_propose_seconds(),
+            verify_seconds=verify, sample_seconds=te - ts, predrafted=turn.predrafted,
+            restarted=turn.decode and not turn.chained and seconds is None,
+            chain_end=turn.chained and self.ahead is None,
+        )  # fmt: skip
+
+    def _conclude(
+        self, r: Round, new: list[int], hidden: dict[int, Any], lps: list[TokenLogprob], batched: bool
     ) -> list[int]:
         """Commit a settled round's tokens (up to EOS and the budget), let the
         policy and the proposer learn from it; returns the committed tokens.
@@ -229,172 +451,7 @@ class Sequence:
                 mx.clear_cache()
         return new
 
-    def close(self, keep: bool = True) -> None:
-        """Leave the cache holding exactly the committed tokens but the last,
-        tell the proposer, and (``keep``: the caches are whole) add the state
-        to the Target's prompt cache."""
-        if self.rt is None:
-            return
-        rt = self.rt
-        self.stats.decode_seconds = rt.clock() - self._t_start
-        self.flight = None
-        extra = rt.offset - (len(self.tokens) - 1)
-        if extra > 0:
-            rt.trim(extra)
-        self.proposer.finish(self.tokens)
-        if keep and rt.target.prompt_cache is not None:
-            rt.target.prompt_cache.add(rt.snapshot(self.tokens[:-1]))
-        self.rt = None
-
-    # -- choosing drafts -------------------------------------------------------
-    def draft_key(self) -> Hashable:
-        return self.proposer.draft_key(self.tokens) if self.proposer.active else None
-
-    def room(self) -> int:
-        """The most drafts the budget leaves room for this round (0 while the
-        proposer is inactive, and for a plain first token)."""
-        if not self.proposer.active or (self.plain_first_token and self.stats.generated_tokens == 0):
-            return 0
-        return self.max_tokens - self.stats.generated_tokens - 1
-
-    def next_k(self, key: Hashable) -> int:
-        """The policy's draft length for ``key``, within :meth:`room`."""
-        room = self.room()
-        return min(self.policy.next_k(key), room) if room > 0 else 0
-
-    def propose(self, key: Hashable, k: int) -> Draft:
-        """Up to ``k`` drafts after the committed tokens (``key``: their draft key)."""
-        draft = self.proposer.propose(self.tokens, k) if k > 0 else Draft()
-        self.catch_up += draft.catch_up
-        return draft.head(k)
-
-    def _plan(self) -> tuple[Hashable, int, Draft, bool]:
-        """This round's drafts: the early ones a decode confirmed, else new ones."""
-        if self.ready is not None:
-            (key, draft), self.ready = self.ready, None
-            k = self.next_k(key)
-            return key, k, draft.head(k), True
-        key = self.draft_key()
-        k = self.next_k(key)
-        return key, k, self.propose(key, k), False
-
-    # -- rounds ----------------------------------------------------------------
-    def _launch(self) -> Flight:
-        """Plan this round and queue its forward: a verify of the drafts, or
-        (nothing drafted) a decode."""
-        t0 = self.rt.clock()
-        key, k, draft, predrafted = self._plan()
-        draft, masks = self.checked(draft)
-        tv = self.rt.clock()
-        self.propose_seconds += tv - t0
-        if not draft:
-            return self._queue(self.tokens[-1], 0, since=tv, mask=masks)
-        fwd = self.rt.verify(self.feed(draft), capture_layers=self.capture)
-        verdict, parts = self.judge(fwd.logits, draft, masks)
-        read = pack(parts)
-        mx.async_eval(read)
-        return Flight(read, [p.size for p in parts], fwd.hidden, since=t0, queued=tv, k=k, key=key,
-                      draft=draft, verdict=verdict, predrafted=predrafted)  # fmt: skip
-
-    def checked(self, draft: Draft) -> tuple[Draft, mx.array | None]:
-        """The drafts cut where the constraint forbids one, and its masks for
-        the positions the round verifies (None without a constraint)."""
-        if draft.lazy and (self.constraint is not None or self.decider.needs_context):
-            draft = self._materialize(draft)  # a grammar and a penalty walk token ids
-        if self.constraint is None:
-            return draft, None
-        allowed, masks = self.constraint.plan(list(draft.tokens))
-        return draft.head(allowed), masks[: allowed + 1]
-
-    def judge(self, logits: mx.array, draft: Draft, masks: mx.array | None) -> tuple[Verdict, list[mx.array]]:
-        """The lazy verdict on ``draft`` from the rows ``logits`` of its verify,
-        and what the round must read: lazy drafts, the verdict, log-probabilities."""
-        verdict = self.decider.judge(logits, self.tokens, draft.tokens, draft.probs, masks)
-        parts = [draft.tokens] if draft.lazy else []
-        parts.append(verdict.values)
-        if self.top_logprobs is not None:
-            drafts = draft.tokens if draft.lazy else mx.array(draft.tokens, dtype=mx.uint32)
-            parts.append(logprob_block(logits, drafts, verdict.chosen(drafts), self.top_logprobs))
-        return verdict, parts
-
-    def settle(
-        self, draft: Draft, verdict: Verdict, host: list[list[float]]
-    ) -> tuple[int, list[int], list[TokenLogprob]]:
-        """A verify's read parts (as :meth:`judge` listed them) resolved:
-        accepted drafts, the tokens to commit, their log-probabilities; the
-        rejected positions are trimmed."""
-        host = list(host)
-        if draft.lazy:
-            draft.values = [int(t) for t in host.pop(0)]
-        drafts = draft.values if draft.lazy else draft.tokens
-        n, t = verdict.resolve(host[0], drafts)
-        self.rt.trim(len(drafts) - n)
-        new = [*drafts[:n], t]
-        lps = read_logprobs(host[1], len(drafts), self.top_logprobs, new) if len(host) > 1 else []
-        return n, new, lps
-
-    def feed(self, draft: Draft) -> list[int] | mx.array:
-        """What the round feeds: the last committed token, then the drafts."""
-        last = self.tokens[-1]
-        if draft.lazy:
-            return mx.concatenate([mx.array([last], dtype=mx.uint32), draft.tokens.astype(mx.uint32)])
-        return [last, *draft.tokens]
-
-    @staticmethod
-    def _materialize(draft: Draft) -> Draft:
-        """Lazy drafts read now (a read of their own), as token ids."""
-        draft.values = draft.tokens.tolist()
-        return Draft(list(draft.values), draft.probs, draft.catch_up)
-
-    def _queue(self, token: int | mx.array, ahead: int, since: float, chained: bool = False,
-               mask: mx.array | None = None) -> Flight:  # fmt: skip
-        """Queue a single-token forward of ``token`` (``ahead`` positions after
-        the last committed token); its next token is computed lazily."""
-        tq = self.rt.clock()
-        fwd = self.rt.decode(token, capture_layers=self.capture)
-        y = self.decider.next_token(fwd.logits[-1], self.tokens, ahead, None if mask is None else mask[0])
-        parts = [y]
-        if self.top_logprobs is not None:
-            none = mx.zeros((0,), dtype=mx.uint32)
-            parts.append(logprob_block(fwd.logits[-1:], none, y.reshape(1), self.top_logprobs))
-        read = pack(parts)
-        mx.async_eval(read)
-        return Flight(read, [p.size for p in parts], fwd.hidden, since, tq, token=y, chained=chained)
-
-    def _land(self, f: Flight) -> tuple[Round, list[int], dict[int, Any], list[TokenLogprob]]:
-        """Read a round (one blocking read) and settle it: the tokens it
-        commits, with the rejected positions trimmed."""
-        if f.decode:
-            return self._land_decode(f)
-        host = unpack(self.rt.read(f.read), f.sizes)
-        ts = self.rt.clock()
-        n, new, lps = self.settle(f.draft, f.verdict, host)
-        te = self.rt.clock()
-        r = Round(k=f.k, drafted=len(f.draft), accepted=n, key=f.key, cost_seconds=ts - f.since,
-                  catch_up=self.catch_up, propose_seconds=self.take_propose_seconds(),
-                  verify_seconds=ts - f.queued, sample_seconds=te - ts,
-                  predrafted=f.predrafted)  # fmt: skip
-        return r, new, f.hidden, lps
-
-    def _land_decode(self, f: Flight) -> tuple[Round, list[int], dict[int, Any], list[TokenLogprob]]:
-        """Read a decode round, after queuing the next decode behind it if
-        the pipeline allows."""
-        tv = self.rt.clock()
-        following = self._queue(f.token, 1, since=0.0, chained=True) if self._may_chain() else None
-        host = unpack(self.rt.read(f.read), f.sizes)
-        ts = self.rt.clock()
-        y = int(host[0][0])
-        if following is not None:
-            following.since = ts
-        self.flight = following
-        lps = read_logprobs(host[1], 0, self.top_logprobs, [y]) if len(host) > 1 else []
-        r = Round(cost_seconds=ts - f.since, catch_up=self.catch_up,
-                  propose_seconds=self.take_propose_seconds(),
-                  verify_seconds=ts - tv, restarted=not f.chained,
-                  chain_end=f.chained and following is None)  # fmt: skip
-        self._judge_early(r, y)
-        return r, [y], f.hidden, lps
-
+    # -- pipelining (alone) --------------------------------------------------------
     def _judge_early(self, r: Round, token: int) -> None:
         """Drafts made while this decode ran: kept, less their first, when its
         token confirms that one (greedy); else the round reports them rejected."""
@@ -411,11 +468,11 @@ class Sequence:
         """Once a round's tokens are committed: update the proposer, and draft
         early while a decode is in flight."""
         self.proposer.update(self.tokens, r.drafted, r.accepted, hidden)
-        if self.flight is not None and not self._drafts_at_round_start():
+        if self.ahead is not None and not self._drafts_at_round_start():
             t0 = self.rt.clock()
-            key = self.draft_key()
-            draft = self.propose(key, self.next_k(key))
-            self.early = (key, draft) if draft else None  # drafts end the chain
+            turn = self.ask()
+            self.propose(turn)
+            self.early = (turn.key, turn.draft) if turn.draft else None  # drafts end the chain
             self.propose_seconds += self.rt.clock() - t0
 
     def _may_chain(self) -> bool:
@@ -431,7 +488,8 @@ class Sequence:
             and self.constraint is None
         )
         if chain and self._drafts_at_round_start():
-            chain = self.next_k(self.draft_key()) == 0  # it drafts only once nothing is in flight
+            key = self.proposer.draft_key(self.tokens) if self.proposer.active else None
+            chain = self.room() <= 0 or self.policy.next_k(key) == 0  # it drafts only with nothing in flight
         return chain
 
     def _drafts_at_round_start(self) -> bool:
@@ -440,7 +498,7 @@ class Sequence:
         model (no read to judge its drafts against the decode's token)."""
         return self.proposer.uses_target_cache or self.proposer.lazy_drafts
 
-    def take_propose_seconds(self) -> float:
+    def _take_propose_seconds(self) -> float:
         """The drafting time (and catch-up) not yet charged, which the caller's round takes."""
         seconds, self.propose_seconds, self.catch_up = self.propose_seconds, 0.0, 0
         return seconds
@@ -453,33 +511,6 @@ def _agree(sharding: Sharding, r: Round, new: list[int]) -> None:
     values = agree(sharding, [getattr(r, f) for f in TIMED_FIELDS], token_check(new))
     for name, value in zip(TIMED_FIELDS, values):
         setattr(r, name, value)
-
-
-def resume(target: Target, prompt: list[int], k_max: int, reuse: bool) -> Runtime:
-    """A sequence for ``prompt``: fresh, or (``reuse``) holding the longest
-    prefix of ``prompt[:-1]`` that the Target's prompt cache rebuilds exactly."""
-    rt = target.runtime(slack=max(64, k_max + 2), rollback=k_max + 2)
-    cache = target.prompt_cache
-    if cache is not None and reuse:
-        snap, n = cache.lookup(prompt, limit=len(prompt) - 1)
-        if snap is not None:
-            rt.restore(snap, n)
-    return rt
-
-
-def prefill(rt: Runtime, prompt: list[int], capture: abc.Sequence[int]) -> dict[int, mx.array]:
-    """Prefill all but the last prompt token (fed by the first round) after
-    what the cache already holds; returns the captured hidden states. With a
-    prompt cache, a state that later rounds cannot be cut back to (sliding
-    windows, recurrent layers) is kept at the prompt's end."""
-    if len(prompt) - 1 <= rt.offset:
-        return {}
-    fwd = rt.prefill(prompt[rt.offset : -1], logits="none", capture_layers=capture)
-    mx.eval(rt.state(), list(fwd.hidden.values()))
-    cache = rt.target.prompt_cache
-    if cache is not None and not rt.trimmable:
-        cache.add(rt.snapshot(prompt[:-1]))
-    return fwd.hidden
 
 
 def commit(

@@ -146,7 +146,7 @@ def test_a_short_prompt_starts_before_a_long_one_ahead_of_it_and_none_waits_for_
     assert short_entry not in scheduler.joining and long_entry in scheduler.joining
     for _ in range(3):  # short prompts keep arriving; the long one still gets its turn
         submit(scheduler, target, random_prompt(20, 5), max_tokens=40, method="baseline")
-    first_chunk = next(n for n in range(1, 20) if (scheduler.step(), len(long_entry.pending) < 119)[1])
+    first_chunk = next(n for n in range(1, 20) if (scheduler.step(), len(long_entry.seq.pending) < 119)[1])
     assert first_chunk <= 5  # passed over at most max_batch times
     scheduler.run()
 

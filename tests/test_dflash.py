@@ -135,7 +135,7 @@ class OracleDFlash(DFlashProposer):
 @pytest.mark.parametrize("good", [0, 2, 7])
 def test_context_bookkeeping_is_exact_whatever_is_accepted(good):
     from hf2q_py.draft_length import FixedK
-    from hf2q_py.engine import generate_tokens
+    from hf2q_py.generation import generate_tokens
 
     target = tiny_target("gemma4_text", scale=1.5)
     drafter = drafter_for(target, layers=1, block_size=8, target_layer_ids=[1, 4])
@@ -152,7 +152,7 @@ def test_context_bookkeeping_is_exact_whatever_is_accepted(good):
 
 def test_eos_and_budget_inside_a_block():
     from hf2q_py.draft_length import FixedK
-    from hf2q_py.engine import generate_tokens
+    from hf2q_py.generation import generate_tokens
 
     target = tiny_target("llama", scale=1.5)
     drafter = drafter_for(target, layers=1, block_size=8, target_layer_ids=[0, 2])

@@ -11,7 +11,7 @@ from models import VOCAB, random_prompt, tiny_target
 
 import hf2q_py
 from hf2q_py.draft_length import FixedK
-from hf2q_py.engine import generate_tokens
+from hf2q_py.generation import generate_tokens
 from hf2q_py.errors import Hf2qError, ModelLoadError
 from hf2q_py.proposers.dflash import DFlashProposer
 from hf2q_py.proposers.dflash_drafter import DraftVocab, TargetHead, load_drafter

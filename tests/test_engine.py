@@ -7,7 +7,7 @@ from models import ARCHS, random_prompt, tiny_target
 import hf2q_py
 from hf2q_py.config import SpecConfig
 from hf2q_py.draft_length import FixedK
-from hf2q_py.engine import generate_tokens
+from hf2q_py.generation import generate_tokens
 from hf2q_py.errors import Hf2qError
 from hf2q_py.methods import build_proposer
 from hf2q_py.proposers.base import Draft, Proposer

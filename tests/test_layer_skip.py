@@ -9,7 +9,7 @@ from models import random_prompt, tiny_target
 
 import hf2q_py
 from hf2q_py.draft_length import AdaptiveK
-from hf2q_py.engine import generate_tokens
+from hf2q_py.generation import generate_tokens
 from hf2q_py.errors import Hf2qError
 from hf2q_py.proposers import layer_skip
 from hf2q_py.proposers.layer_skip import (

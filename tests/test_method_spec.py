@@ -11,7 +11,7 @@ import pytest
 from models import random_prompt, tiny_target
 
 import hf2q_py
-import hf2q_py.generation as generation
+import hf2q_py.request as request
 from hf2q_py.config import SpecConfig
 from hf2q_py.draft_length import AdaptiveK, FixedK
 from hf2q_py.errors import Hf2qError
@@ -198,13 +198,13 @@ def test_the_cli_parser_does_not_import_mlx():
 def specs_seen(monkeypatch):
     """Run the CLI on a tiny model and record each SpecConfig that reaches generation."""
     seen = []
-    real = generation.build_proposer
+    real = request.build_proposer
 
     def spy(target, spec, **kw):
         seen.append(dataclasses.replace(spec))
         return real(target, spec, **kw)
 
-    monkeypatch.setattr(generation, "build_proposer", spy)
+    monkeypatch.setattr(request, "build_proposer", spy)
     monkeypatch.setattr(hf2q_py, "load", lambda *a, **k: tiny_target("llama", tokenizer=True))
     return seen
 

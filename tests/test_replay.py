@@ -170,7 +170,7 @@ def test_a_replayed_prefill_takes_a_forward_of_its_width_and_teaches_the_slope()
     """The recorded clock charges the prompt's prefill a forward of its width,
     so adaptive K learns the slope of wide verifies from it as in a live run."""
     from hf2q_py.draft_length import AdaptiveK
-    from hf2q_py.engine import generate_tokens
+    from hf2q_py.generation import generate_tokens
     from hf2q_py.proposers.suffix import SuffixProposer
     from hf2q_py.tools.recorded import RecordedTarget
 

@@ -10,7 +10,7 @@ from models import random_prompt, tiny_target
 from scipy.stats import chisquare
 
 import hf2q_py
-from hf2q_py.engine import generate_tokens
+from hf2q_py.generation import generate_tokens
 from hf2q_py.errors import Hf2qError
 from hf2q_py.methods import build_proposer
 from hf2q_py.config import SpecConfig

@@ -23,7 +23,8 @@ from mlx_lm.models.cache import ArraysCache, KVCache
 from ..cache import LayerState, SlidingWindowCache
 from ..errors import Hf2qError
 from ..prompt_cache import Snapshot
-from ..target import Runtime, Target
+from ..target import Forward, Runtime, Target
+from ..taps import tapped
 from .cache import SlotKVCache, SlotTable
 from .recurrent import BatchRecurrent
 
@@ -110,9 +111,18 @@ class BatchRuntime:
         return self.rows.index(row_id)
 
     # -- forwards ---------------------------------------------------------------
-    def forward(self, feeds: Sequence[Sequence[int] | mx.array]) -> mx.array:
-        """One forward feeding row b ``feeds[b]`` (token ids or a lazy array),
-        every row right-padded to the widest; logits (B, W, vocab), lazy."""
+    def forward(
+        self,
+        feeds: Sequence[Sequence[int] | mx.array],
+        *,
+        capture_layers: Sequence[int] = (),
+        skip_layers: Sequence[int] = (),
+    ) -> Forward:
+        """One forward feeding row b ``feeds[b]`` (token ids or a lazy array;
+        empty: the row takes no part), every row right-padded to the widest:
+        logits (B, W, vocab) and the captured layers' outputs (B, W, H),
+        lazy. ``skip_layers``: those layers pass their input through (a
+        partial forward, whose positions the rows trim afterwards)."""
         if len(feeds) != len(self.rows):
             raise ValueError(f"{len(feeds)} feeds for {len(self.rows)} rows")
         widths = [len(f) if not isinstance(f, mx.array) else f.shape[0] for f in feeds]
@@ -126,12 +136,13 @@ class BatchRuntime:
         x = _inputs(feeds, widths, width)
         if self.recurrent is not None:
             self.recurrent.begin(widths)
-        logits = self.model(x, cache=self.caches)
+        with tapped(self.model, capture_layers=capture_layers, skip_layers=skip_layers) as rec:
+            logits = self.model(x, cache=self.caches)
         for table in self.tables.values():
             table.end()
         if self.recurrent is not None:
             self.recurrent.end()
-        return logits
+        return Forward(logits, rec.layers)
 
     def trim(self, row_id: Any, n: int) -> None:
         """Drop row ``row_id``'s last ``n`` positions (within the last forward)."""

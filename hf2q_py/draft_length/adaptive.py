@@ -90,6 +90,18 @@ class AdaptiveK:
         if r.early_rejected:
             self.observe(r.early_rejected, 0, r.early_key)
 
+    def batch_k(self, key: Hashable = None) -> int:
+        """In a batch every draft up to ``k_max`` is offered: the batch's planner
+        prices the width from the rates (``survival``) and the batch's costs."""
+        return self.k_max
+
+    def survival(self, key: Hashable, n: int) -> list[float] | None:
+        out, p = [], 1.0
+        for r in self.acceptance.rates(key)[:n]:
+            p *= r
+            out.append(p)
+        return out
+
     def prefilled(self, tokens: int, seconds: float) -> None:
         """A prefill's time per token: what wide verifies cost (``CostModel``)."""
         self.cost_model.prefilled(tokens, seconds)

@@ -11,10 +11,10 @@ from its own policy's acceptance rates for its draft key.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from .adaptive import AdaptiveK
+from .policy import Policy
 
 #: A wider batch must promise this much more than the best narrower one.
 WIDER_MARGIN = 0.02
@@ -65,13 +65,10 @@ class Offer:
     fixed: bool = False  # a fixed K: verify every draft
 
 
-def survival(policy: AdaptiveK, key, n: int) -> list[float]:
-    """The chance that the first 1 .. n drafts of ``key`` are all accepted."""
-    out, p = [], 1.0
-    for r in policy.acceptance.rates(key)[:n]:
-        p *= r
-        out.append(p)
-    return out
+def offer(policy: Policy, key: Hashable, drafts: int) -> Offer:
+    """A row's offer of ``drafts`` drafts of class ``key``, as its policy prices them."""
+    rates = policy.survival(key, drafts)
+    return Offer(drafts, fixed=True) if rates is None else Offer(drafts, rates)
 
 
 def plan_width(offers: Sequence[Offer], costs: BatchCosts) -> int:

@@ -39,6 +39,16 @@ class Policy(Protocol):
         """Learn acceptance alone (a round whose cost another planner learns)."""
         ...
 
+    def batch_k(self, key: Hashable = None) -> int:
+        """The most drafts of class ``key`` a batched round may verify (the
+        batch's planner chooses the width within it)."""
+        ...
+
+    def survival(self, key: Hashable, n: int) -> list[float] | None:
+        """The chance that the first 1 .. ``n`` drafts of ``key`` are all
+        accepted; None: verify all ``n`` whatever they promise (a fixed K)."""
+        ...
+
 
 class NoDrafts:
     """Plain decoding: K is always 0."""
@@ -56,6 +66,12 @@ class NoDrafts:
 
     def observe(self, drafted: int, accepted: int, key: Hashable = None) -> None:
         pass
+
+    def batch_k(self, key: Hashable = None) -> int:
+        return 0
+
+    def survival(self, key: Hashable, n: int) -> list[float] | None:
+        return []
 
 
 class FixedK:
@@ -76,3 +92,9 @@ class FixedK:
 
     def observe(self, drafted: int, accepted: int, key: Hashable = None) -> None:
         pass
+
+    def batch_k(self, key: Hashable = None) -> int:
+        return self.k
+
+    def survival(self, key: Hashable, n: int) -> list[float] | None:
+        return None

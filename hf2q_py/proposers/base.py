@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Hashable, Sequence
 
 from ..draft_length.profile import DraftProfile
 
@@ -74,6 +74,18 @@ class Proposer:
     #: then never drafts while a target decode is in flight (judging such
     #: drafts against the decode's token would cost a read).
     lazy_drafts = False
+    #: True when its generation's rounds can share a batch's verify: it
+    #: drafts on the host (copies), or its ``batch_drafter`` drafts for all
+    #: such rows at once. False: the generation runs alone beside the batch.
+    batchable = True
+
+    def batch_drafter(self, batch: Any) -> tuple[Hashable, Callable[[], BatchDrafter]] | None:
+        """How this proposer drafts as a row of ``batch`` (the target's
+        ``BatchRuntime``): None, on the host, one row at a time (``propose``);
+        else a key that proposers drafting together share, and a factory for
+        their ``BatchDrafter`` (made once per key while rows use it)."""
+        return None
+
     #: What the proposer knows about its drafts (priors per draft key, drafting
     #: cost, minimum K): the draft-length policy is made from it.
     profile = DraftProfile()
@@ -119,3 +131,31 @@ class PlainDecoding(Proposer):
 
     def propose(self, tokens: Sequence[int], k: int) -> Draft:
         return Draft()
+
+
+@dataclass
+class DraftAsk:
+    """One row's request to a ``BatchDrafter``: up to ``k`` drafts after ``tokens``."""
+
+    row: Hashable
+    proposer: Proposer
+    tokens: Sequence[int]
+    k: int
+
+
+class BatchDrafter(Protocol):
+    """Drafts for the batch's rows whose proposers share it, with forwards it
+    runs for all of them at once (a draft model's batched steps, a block
+    drafter's batched forward, the target's partial forwards)."""
+
+    def join(self, row: Hashable, proposer: Proposer) -> None:
+        """A row joins the batch: its proposer's drafting state moves in."""
+        ...
+
+    def leave(self, row: Hashable, proposer: Proposer) -> None:
+        """A row leaves the batch: its proposer can draft alone again (or finish)."""
+        ...
+
+    def propose(self, asks: Sequence[DraftAsk]) -> list[Draft]:
+        """Each ask's drafts (lazy arrays or ids), made together."""
+        ...

@@ -34,6 +34,7 @@ class CombinedProposer(Proposer):
     """
 
     name = "draft"
+    batchable = False  # drafts with forwards of its own: runs alone beside the batch
 
     def __init__(self, model: DraftModelProposer, copier: SuffixProposer, min_depth: int, model_k: int):
         self.model, self.copier = model, copier

@@ -45,6 +45,7 @@ class DFlashProposer(Proposer):
     """
 
     name = "dflash"
+    batchable = False  # drafts with forwards of its own: runs alone beside the batch
     lazy_drafts = True
 
     def __init__(self, target: Target, drafter: Drafter):

@@ -76,6 +76,7 @@ class DraftModelProposer(Proposer):
     """
 
     name = "draft"
+    batchable = False  # drafts with forwards of its own: runs alone beside the batch
 
     def __init__(
         self,

@@ -132,6 +132,7 @@ class LayerSkipProposer(Proposer):
     """
 
     name = "layerskip"
+    batchable = False  # drafts with forwards of its own: runs alone beside the batch
     uses_target_cache = True
     lazy_drafts = True
 

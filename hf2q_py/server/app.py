@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
 from ..errors import Hf2qError, one_line
-from ..generation import context_length, encode_messages, encode_prompt, make_config
+from ..request import context_length, encode_messages, encode_prompt, make_config
 from ..method_spec import parse_method
 from ..methods import method_named
 from .metrics import Metrics

@@ -17,15 +17,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from ..config import GenerationConfig
 from ..errors import Hf2qError, one_line
 from ..generation import GenerationChunk, stream_generate
 from ..sampling import TokenLogprob
-from ..scheduler import Entry, Scheduler, SchedulerConfig
+from ..scheduler import Entry, Failure, Scheduler, SchedulerConfig
 from ..stats import GenerationStats
 from ..target import Target
 from .relay import Relay
@@ -67,7 +66,8 @@ class Busy(Exception):
 
 @dataclass
 class Job:
-    """One generation; its events go to the event loop that submitted it."""
+    """One generation; its events go to the event loop that submitted it.
+    Once submitted, its cancel flag is its scheduler entry's."""
 
     ids: list[int]
     config: GenerationConfig
@@ -76,11 +76,18 @@ class Job:
     #: (added to the Target's memory on the worker's thread before it starts).
     drafting: list[list[int]] = field(default_factory=list)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    entry: Entry | None = None
+    _cancelled: bool = False  # before it is submitted, or on a sharded target
 
     def cancel(self) -> None:
         """Stop the generation (within one round) or, if it waits, never start it."""
-        self.cancelled.set()
+        self._cancelled = True
+        if self.entry is not None:
+            self.entry.cancel()
+
+    @property
+    def cancelled(self) -> bool:
+        return self.entry.cancelled if self.entry is not None else self._cancelled
 
     def emit(self, event: Event) -> None:
         try:
@@ -99,19 +106,18 @@ class Job:
 
 class JobSink:
     """A scheduler sink that turns one generation's output into its job's
-    events (``ended`` is called once it is over)."""
+    events: the one place an error becomes a status and a message."""
 
-    def __init__(self, job: Job, ended: Callable[[], None] = lambda: None):
-        self.job, self.ended = job, ended
+    def __init__(self, job: Job):
+        self.job = job
 
     def chunk(self, chunk: GenerationChunk) -> None:
         self.job.emit(Piece(chunk.text, chunk.tokens, chunk.logprobs))
 
     def done(self, stats: GenerationStats, error: Hf2qError | None = None) -> None:
-        self.ended()
         if error is None:
-            self.job.emit(Finished(stats, cancelled=self.job.cancelled.is_set()))
-        elif getattr(error, "cause", None) is not None:  # not the request's fault
+            self.job.emit(Finished(stats, cancelled=self.job.cancelled))
+        elif isinstance(error, Failure):  # not the request's fault
             self.job.emit(
                 Failed(500, "the generation failed on the server (see the server's log)", "server_error")
             )
@@ -120,8 +126,9 @@ class JobSink:
 
 
 class Worker:
-    """Runs jobs on ``target`` (batched by a scheduler), at most ``max_queue``
-    waiting (a cancelled job frees its place at once)."""
+    """Runs jobs on ``target`` through a scheduler (continuous batching), at
+    most ``max_queue`` waiting (a cancelled job frees its place at once). A
+    job crosses one queue, the scheduler's."""
 
     def __init__(
         self,
@@ -133,83 +140,50 @@ class Worker:
         self.target = target
         self.max_queue = max_queue
         self.relay = relay
-        self._pending: deque[Job] = deque()
-        self._ready = threading.Condition()
-        self.running: Job | None = None
+        self.scheduler = Scheduler(target, scheduling if relay is None else SchedulerConfig(max_batch=1))
+        self._wake = threading.Condition()
         self._stopping = False
-        self.scheduler = Scheduler(target, scheduling) if relay is None else None
-        self._entries: dict[int, tuple[Job, Entry]] = {}  # by id(job)
 
     @property
     def waiting(self) -> int:
         """Jobs submitted, not cancelled and not yet started."""
-        with self._ready:
-            pending = sum(not j.cancelled.is_set() for j in self._pending)
-        if self.scheduler is not None:
-            pending += sum(not e.cancelled for e in list(self.scheduler.waiting))
-        return pending
+        return self.scheduler.queued
 
     @property
     def batch_rounds(self) -> dict[int, int]:
         """Rounds run per batch size (rows sharing a forward)."""
-        return dict(self.scheduler.rounds_by_size) if self.scheduler is not None else {}
+        return dict(self.scheduler.rounds_by_size)
 
     def submit(self, job: Job) -> None:
-        with self._ready:
+        """Queue ``job``; Busy when ``max_queue`` jobs wait or the server stops."""
+        with self.scheduler.lock:
             if self._stopping:
                 raise Busy("the server is shutting down")
-            waiting = sum(not j.cancelled.is_set() for j in self._pending)
-            if self.scheduler is not None:
-                waiting += sum(not e.cancelled for e in list(self.scheduler.waiting))
+            waiting = self.scheduler.queued
             if waiting >= self.max_queue:
                 raise Busy(f"the server is busy: {waiting} requests are waiting (--max-queue)")
-            self._pending.append(job)
-            self._ready.notify()
+            job.entry = self.scheduler.submit(job.ids, job.config, JobSink(job), drafting=job.drafting)
+        with self._wake:
+            self._wake.notify()
 
     def run(self) -> None:
         """Serve jobs until :meth:`stop`; call from the thread that owns the model."""
+        sched = self.scheduler
         try:
-            if self.scheduler is None:
-                self._run_alone()
-            else:
-                self._run_batched()
+            while not self._stopping:
+                with self._wake:
+                    if sched.idle and not self._stopping:
+                        self._wake.wait(0.1)
+                if self.relay is not None:
+                    self._relayed_step()
+                elif not sched.idle:
+                    self._step()
+            sched.cancel_all()  # stopping: the running ones end between rounds, the waiting never start
+            while not sched.idle:
+                self._step()
         finally:
             if self.relay is not None:
                 self.relay.stop()
-        self._fail_waiting()
-
-    # -- batched -------------------------------------------------------------------
-    def _run_batched(self) -> None:
-        sched = self.scheduler
-        while True:
-            with self._ready:  # jobs move to the scheduler under the lock: always counted as waiting
-                if not self._pending and sched.idle and not self._stopping:
-                    self._ready.wait(0.1)
-                if self._stopping:
-                    break
-                while self._pending:
-                    job = self._pending.popleft()
-                    if not job.cancelled.is_set():
-                        self._remember(job)
-                        self._entries[id(job)] = (job, sched.submit(job.ids, job.config, self._sink(job)))
-            for job, entry in list(self._entries.values()):
-                if job.cancelled.is_set():
-                    entry.cancel()
-            if not sched.idle:
-                self._step()
-        sched.cancel_all()  # stopping: the running ones end between rounds, the waiting never start
-        while not sched.idle:
-            self._step()
-
-    def _remember(self, job: Job) -> None:
-        """A job's drafting sources go into the Target's memory (the worker owns it)."""
-        if job.config.spec.memory:
-            for tokens in job.drafting:
-                self.target.memory.add(tokens)
-
-    def _sink(self, job: Job) -> JobSink:
-        key = id(job)
-        return JobSink(job, lambda: self._entries.pop(key, None))
 
     def _step(self) -> None:
         try:
@@ -218,72 +192,43 @@ class Worker:
             log.exception("a scheduling round failed")
             self.scheduler.fail_all()
 
-    # -- one at a time (a sharded target) -------------------------------------------
-    def _run_alone(self) -> None:
-        while (job := self._next()) is not None:
-            self.running = job
-            try:
-                self._serve(job)
-            finally:
-                self.running = None
-
-    def _next(self) -> Job | None:
-        """The next job not cancelled, or None once stopping (idle ticks to the other ranks meanwhile)."""
-        while True:
-            with self._ready:
-                if not self._pending and not self._stopping:
-                    self._ready.wait(0.1)
-                if self._stopping:
-                    return None
-                job = self._pending.popleft() if self._pending else None
-            if job is None:
-                if self.relay is not None:
-                    self.relay.idle()
-            elif not job.cancelled.is_set():
-                return job
-
     def stop(self) -> None:
-        """Stop: running jobs are cancelled, waiting ones fail with 503.
+        """Stop: running jobs are cancelled, waiting ones end unstarted.
         Safe to call from a signal handler (it takes no lock)."""
         self._stopping = True
-        running = self.running
-        if running is not None:
-            running.cancel()
-        for job, _ in list(self._entries.values()):
-            job.cancel()
+        self.scheduler.cancel_all()
 
-    def _going_on(self, job: Job) -> bool:
-        go = not job.cancelled.is_set()
-        return go if self.relay is None else self.relay.going_on(go)
+    # -- a sharded target: one generation at a time, every rank in step ----------
+    def _relayed_step(self) -> None:
+        """Rank 0 of a sharded target: the next job runs whole, each of its
+        rounds confirmed to the other ranks (idle ticks meanwhile)."""
+        sched = self.scheduler
+        with sched.lock:
+            entry = sched.waiting.popleft() if sched.waiting else None
+        if entry is None:
+            self.relay.idle()
+            return
+        if entry.cancelled:
+            entry.sink.done(entry.stats)
+            return
+        self._serve(entry)
 
-    def _fail_waiting(self) -> None:
-        with self._ready:
-            pending, self._pending = list(self._pending), deque()
-        for job in pending:
-            job.emit(Failed(503, "the server is shutting down", "server_shutting_down"))
-
-    def _serve(self, job: Job) -> None:
-        """Run one job, emitting its events; never raises."""
-        stats = GenerationStats(method=job.config.spec.method)
-        self._remember(job)
+    def _serve(self, entry: Entry) -> None:
+        """Run one job on every rank, emitting its events through its sink."""
+        error: Hf2qError | None = None
+        self.relay.send(entry.ids, entry.config)
         try:
-            if self.relay is not None:
-                self.relay.send(job.ids, job.config)
-            stream = stream_generate(self.target, job.ids, config=job.config, stats=stats)
+            stream = stream_generate(self.target, entry.ids, config=entry.config, stats=entry.stats)
             try:
                 for chunk in stream:
-                    job.emit(Piece(chunk.text, chunk.tokens, chunk.logprobs))
-                    if not self._going_on(job):
+                    entry.sink.chunk(chunk)
+                    if not self.relay.going_on(not entry.cancelled):
                         break
             finally:
                 stream.close()
         except Hf2qError as e:
-            job.emit(Failed(400, one_line(e, limit=1000), "invalid_request"))
-            return
-        except Exception:  # noqa: BLE001 - the server outlives any one request
+            error = e
+        except Exception as e:  # noqa: BLE001 - the server outlives any one request
             log.exception("generation failed")
-            job.emit(
-                Failed(500, "the generation failed on the server (see the server's log)", "server_error")
-            )
-            return
-        job.emit(Finished(stats, cancelled=job.cancelled.is_set()))
+            error = Failure(e)
+        entry.sink.done(entry.stats, error)

@@ -35,7 +35,7 @@ from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 
 from ..draft_length import FixedK, Policy
-from ..engine import generate_tokens
+from ..generation import generate_tokens
 from ..errors import Hf2qError
 from ..memory import DraftMemory
 from ..proposers.base import Draft, Proposer
