@@ -12,7 +12,9 @@ row's drafts (a row with none decodes one token in it), and one read brings
 back every row's verdict. Rows join and leave between rounds. A generation
 whose method cannot share a forward (a draft model, layer skip, DFlash: they
 run forwards of their own per round) runs alone, one of its rounds per step,
-so it never stalls the batch nor is stalled by it.
+so it never stalls the batch nor is stalled by it. So does a generation
+whose KV layout (``GenerationConfig.kv``) differs from the batch's, and one
+not yet past the batch's ``quantized_kv_start``, which joins once it is.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from .draft_length import AdaptiveK, FixedK
 from .draft_length.batch import BatchCosts, Offer, plan_width, survival
 from .errors import Hf2qError, one_line
 from .generation import Chunker, GenerationChunk, GenerationResult, encode_prompt, make_config, make_sequence
+from .kv import KVConfig
 from .methods import method_named
 from .proposers.base import Draft
 from .sequence import Sequence, pack, unpack
@@ -54,12 +57,17 @@ class SchedulerConfig:
 
     max_batch: int = 8  # generations running at once (batched and alone together)
     prefill_chunk: int = 256  # prompt tokens prefilled per round while others decode
+    kv: KVConfig | None = None  # how the batch stores keys and values (None: as the Target's kv)
 
     def validate(self) -> None:
         if not isinstance(self.max_batch, int) or self.max_batch < 1:
             raise Hf2qError(f"max_batch must be >= 1, got {self.max_batch!r}")
         if not isinstance(self.prefill_chunk, int) or self.prefill_chunk < 1:
             raise Hf2qError(f"prefill_chunk must be >= 1, got {self.prefill_chunk!r}")
+        if self.kv is not None:
+            if not isinstance(self.kv, KVConfig):
+                raise Hf2qError(f"kv must be a KVConfig, got {type(self.kv).__name__}")
+            self.kv.validate()
 
 
 class Sink:
@@ -115,7 +123,7 @@ class Scheduler:
         self.config = config or SchedulerConfig()
         self.config.validate()
         self.refusal = batch_refusal(target)
-        self.batch = BatchRuntime(target) if self.refusal is None else None
+        self.batch = BatchRuntime(target, kv=self.config.kv) if self.refusal is None else None
         self.costs = BatchCosts()
         self.waiting: deque[Entry] = deque()
         self.joining: deque[Entry] = deque()  # admitted, prefilling
@@ -133,6 +141,7 @@ class Scheduler:
         entry = Entry(next(self._ids), list(ids), config, sink, GenerationStats(method=config.spec.method),
                       on_round)  # fmt: skip
         entry.batched = self.batch is not None and method_named(config.spec.method).name in BATCHED_METHODS
+        entry.batched = entry.batched and (config.kv or self.target.kv) == self.batch.kv
         self.waiting.append(entry)
         return entry
 
@@ -159,6 +168,7 @@ class Scheduler:
             self.alone.rotate(-1)
             self._solo(entry)
             self.rounds_by_size[1] = self.rounds_by_size.get(1, 0) + 1
+        self._rejoin()
         if len(self.rows) == 1 and not self.joining and not self.waiting:
             self._to_alone(self.rows[0])
 
@@ -232,14 +242,28 @@ class Scheduler:
             entry.batched = False
             self.alone.append(entry)
             return
-        mates = [e for e in self.alone if e.batched]
-        if not self.rows and not mates:
+        mates = [e for e in self.alone if e.batched and self._joinable(e)]
+        if not self._joinable(entry) or (not self.rows and not mates):
             self.alone.append(entry)
             return
         for mate in mates:
             self.alone.remove(mate)
             self._to_batch(mate)
         self._to_batch(entry)
+
+    def _joinable(self, entry: Entry) -> bool:
+        """Whether a batchable generation's next forward can be a batch row's
+        (past the batch's ``quantized_kv_start``)."""
+        return self.batch.accepts(entry.seq.kv, len(entry.seq.tokens) - 1)
+
+    def _rejoin(self) -> None:
+        """A batchable generation that ran alone only until it passed
+        ``quantized_kv_start`` joins the batch, or its partners there."""
+        passed = [e for e in self.alone if e.batched and self._joinable(e)]
+        if passed and (self.rows or len(passed) > 1):
+            for entry in passed:
+                self.alone.remove(entry)
+                self._to_batch(entry)
 
     def _to_batch(self, entry: Entry) -> None:
         """Move a generation (prefilled, or running alone) into the batch."""
@@ -253,7 +277,9 @@ class Scheduler:
         from the batch's as a prompt-cache state would be."""
         seq = entry.seq
         n = len(seq.tokens) - 1
-        rt = self.target.runtime(slack=max(64, seq.policy.k_max + 2), rollback=seq.policy.k_max + 2)
+        rt = self.target.runtime(
+            slack=max(64, seq.policy.k_max + 2), rollback=seq.policy.k_max + 2, kv=seq.kv
+        )
         if n > 0:
             rt.restore(seq.rt.snapshot(seq.tokens[:-1]), n)
         self.batch.remove([entry.id])
@@ -396,7 +422,7 @@ class Scheduler:
             self.rows.remove(entry)
             self._fail(entry, error)
         if self.batch is not None:
-            self.batch = BatchRuntime(self.target)
+            self.batch = BatchRuntime(self.target, kv=self.batch.kv)
 
     def _drop_cancelled(self) -> None:
         for entry in [e for e in self.waiting if e.cancelled]:
@@ -457,7 +483,9 @@ def batch_generate(
         raise Hf2qError("pass either configs= or keyword options, not both")
     elif len(configs) != len(prompts):
         raise Hf2qError(f"{len(configs)} configs for {len(prompts)} prompts")
-    scheduler = Scheduler(target, SchedulerConfig(max_batch=max_batch))
+    kvs = {c.kv or target.kv for c in configs}
+    kv = kvs.pop() if len(kvs) == 1 else None  # the batch stores as its generations do
+    scheduler = Scheduler(target, SchedulerConfig(max_batch=max_batch, kv=kv))
     sinks = []
     for prompt, config in zip(prompts, configs):
         config.validate()

@@ -28,6 +28,7 @@ import mlx.core as mx
 from .distributed import Sharding, agree, token_check
 from .draft_length import NoDrafts, Policy, build_policy
 from .errors import Hf2qError
+from .kv import KVConfig
 from .proposers.base import Draft, PlainDecoding, Proposer
 from .sampling import Greedy, TokenLogprob, Verdict, logprob_block, read_logprobs
 from .stats import GenerationStats, Round
@@ -88,6 +89,7 @@ class Sequence:
     each committed token's log-probability and N alternatives
     (:attr:`logprobs`). ``constraint``: a grammar state (structured output)
     that cuts drafts it forbids and masks every verified position.
+    ``kv``: how its caches store keys and values (default: the Target's).
 
     Decode rounds are pipelined as in mlx-lm: the next decode is queued
     before the current token is read, so graph building overlaps the
@@ -114,6 +116,7 @@ class Sequence:
         plain_first_token: bool = False,
         logprobs: int | None = None,
         constraint: Any = None,
+        kv: KVConfig | None = None,
     ):
         prompt = list(prompt)
         if not prompt:
@@ -131,6 +134,7 @@ class Sequence:
         self.eos = set(eos_token_ids)
         self.on_round, self.plain_first_token = on_round, plain_first_token
         self.top_logprobs, self.constraint = logprobs, constraint
+        self.kv = target.kv if kv is None else kv
         self.capture = tuple(self.proposer.capture_layers)
         self.tokens = list(prompt)
         #: The log-probabilities of the tokens the last step committed (``logprobs`` set).
@@ -160,7 +164,7 @@ class Sequence:
         self._t0 = time.perf_counter()
         if runtime is None:
             reuse = not self.proposer.capture_layers
-            runtime = resume(self.target, self.prompt, self.policy.k_max, reuse=reuse)
+            runtime = resume(self.target, self.prompt, self.policy.k_max, reuse=reuse, kv=self.kv)
         self.rt = runtime
         self.stats.cached_tokens = runtime.offset
         self._tp = runtime.clock()
@@ -455,13 +459,14 @@ def _agree(sharding: Sharding, r: Round, new: list[int]) -> None:
         setattr(r, name, value)
 
 
-def resume(target: Target, prompt: list[int], k_max: int, reuse: bool) -> Runtime:
-    """A sequence for ``prompt``: fresh, or (``reuse``) holding the longest
+def resume(target: Target, prompt: list[int], k_max: int, reuse: bool, kv: KVConfig | None = None) -> Runtime:
+    """A sequence for ``prompt`` whose caches store keys and values as ``kv``
+    says (default: the Target's): fresh, or (``reuse``) holding the longest
     prefix of ``prompt[:-1]`` that the Target's prompt cache rebuilds exactly."""
-    rt = target.runtime(slack=max(64, k_max + 2), rollback=k_max + 2)
+    rt = target.runtime(slack=max(64, k_max + 2), rollback=k_max + 2, kv=kv)
     cache = target.prompt_cache
     if cache is not None and reuse:
-        snap, n = cache.lookup(prompt, limit=len(prompt) - 1)
+        snap, n = cache.lookup(prompt, limit=len(prompt) - 1, kv=rt.kv)
         if snap is not None:
             rt.restore(snap, n)
     return rt
