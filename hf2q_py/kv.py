@@ -372,3 +372,24 @@ def head_dim_refusal(shapes: Sequence[LayerShape], group_size: int) -> str | Non
         else "no KV group size fits: use kv_bits None"
     )
     return f"kv_group_size {group_size} does not divide this model's head dimension {bad[0]} ({hint})"
+
+
+def kv_footprint(target: Any, kv: KVConfig | None = None, dtype: mx.Dtype | None = None) -> KVFootprint:
+    """What ``target``'s caches take under ``kv`` (default: the target's own),
+    with keys computed in ``dtype`` (default: the model's own; e.g.
+    ``mx.float16`` for what a Mac's half-precision model takes)."""
+    if kv is None:
+        kv = target.kv
+    target.check_kv(kv)
+    return KVFootprint(target.layer_shapes(), kv, dtype)
+
+
+def kv_bytes_per_token(
+    target: Any, kv: KVConfig | None = None, tokens: int = 4096, dtype: mx.Dtype | None = None
+) -> float:
+    """Bytes per token that ``target``'s caches take, under ``kv``, for a
+    context of ``tokens`` (``kv_footprint(...).per_token(tokens)``): every
+    layer, sliding windows counting at most their window, recurrent states
+    their fixed size."""
+    check_int("tokens", tokens, 1)
+    return kv_footprint(target, kv, dtype).per_token(tokens)
