@@ -360,6 +360,10 @@ def test_bad_kv_options_are_refused_with_a_message_naming_the_option():
         tiny_target("llama").kv = KVConfig(8, 32)
     with pytest.raises(Hf2qError, match="sinks"):
         tiny_target("gpt_oss").kv = KVConfig(8, 32)
+    gemma2 = dict(model_type="gemma2", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                  num_attention_heads=2, num_key_value_heads=1, head_dim=32, rms_norm_eps=1e-6, vocab_size=128)  # fmt: skip
+    with pytest.raises(Hf2qError, match="computes its scores itself"):  # soft-capped, by hand
+        tiny_target(gemma2).kv = KVConfig(8, 32)
     with pytest.raises(Hf2qError, match="kv_bits"):
         hf2q_py.load("/no/such/model.gguf", kv_bits=2)  # refused before anything is read
     with pytest.raises(Hf2qError, match="kv_group_size"):
@@ -423,3 +427,25 @@ def test_cli_ab_with_kv_bits_checks_every_method_and_reports_the_effect_of_quant
 def test_ab_with_kv_bits_refuses_engines_that_decode_at_full_precision(capsys):
     result = cli(capsys, "ab", "--kv-bits", "8", "--methods", "ngram,mlx-lm")
     assert_one_line_error(result, "--kv-bits", "mlx-lm")
+
+
+def test_serve_with_kv_bits_answers_concurrent_requests_as_plain_decoding_with_those_bits(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from server_process import running_server
+
+    folder = model_folder(tmp_path)
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[3]]
+    want = [list(plain("llama", 8, tuple(p), 20)) for p in prompts]  # the same weights as the folder's
+    with running_server("--model", str(folder), "--kv-bits", "8", "--kv-group-size", str(GROUP)) as s:
+
+        def ask(prompt):
+            body = {"prompt": prompt, "max_tokens": 20, "temperature": 0, "hf2q": {"return_tokens": True}}
+            return s.post("/v1/completions", body)
+
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(ask, prompts))
+    target = target_for("llama", 8)
+    for prompt, (status, body), w in zip(prompts, answers, want):
+        assert status == 200, body
+        assert_same_greedy_kv(target, prompt, body["hf2q"]["tokens"], w)
