@@ -38,6 +38,9 @@ _LAZY = {
     "SpecConfig": "hf2q_py.config",
     "ConstraintSpec": "hf2q_py.constraints",
     "GenerationStats": "hf2q_py.stats",
+    "KVConfig": "hf2q_py.kv",
+    "kv_bytes_per_token": "hf2q_py.kv",
+    "kv_footprint": "hf2q_py.kv",
     "Proposer": "hf2q_py.proposers.base",
     "Hf2qError": "hf2q_py.errors",
 }

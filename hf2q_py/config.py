@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from .constraints import ConstraintSpec
 from .errors import Hf2qError
+from .kv import KVConfig
 from .methods import SpecConfig
 from .sampling import MAX_TOP_LOGPROBS, SamplingConfig
 
@@ -33,6 +34,10 @@ class GenerationConfig:
     #: Keep each generated token's log-probability and this many most likely
     #: alternatives (0 to ``MAX_TOP_LOGPROBS``); None: none.
     logprobs: int | None = None
+    #: How this generation's attention caches store keys and values; None:
+    #: as its Target's ``kv`` says. A generation whose KV layout differs from
+    #: its batch's runs alone.
+    kv: KVConfig | None = None
 
     def validate(self) -> None:
         if not isinstance(self.sampling, SamplingConfig):
@@ -54,6 +59,10 @@ class GenerationConfig:
             self.constraint.validate()
         if self.logprobs is not None:
             check_int("logprobs (top alternatives)", self.logprobs, 0, MAX_TOP_LOGPROBS)
+        if self.kv is not None:
+            if not isinstance(self.kv, KVConfig):
+                raise Hf2qError(f"kv must be a KVConfig, got {type(self.kv).__name__}")
+            self.kv.validate()
 
 
 def _iterable(value: Any) -> Any:

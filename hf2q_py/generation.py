@@ -125,9 +125,12 @@ def stream_generate(
     ``stop``, ``chat_template``, ``logprobs``, an output constraint
     (``json_schema`` a schema dict or its JSON text, ``regex``, ``grammar``
     in Lark, or ``json_object=True``), sampling (``temperature``, ``top_p``,
-    ``seed``, ...) and the ``SpecConfig`` fields (``method``: ``ngram``
+    ``seed``, ...), the ``SpecConfig`` fields (``method``: ``ngram``
     unless given, ``baseline`` for plain decoding; ``k``, ``adaptive``,
-    ``memory``, ...). ``on_round`` receives a ``Round`` per round
+    ``memory``, ...), and the KV cache's storage for this generation:
+    ``kv_bits`` 4 or 8 (None: full precision), ``kv_group_size`` (32, 64 or
+    128; default 64), ``quantized_kv_start`` (default 0), or
+    ``kv=KVConfig(...)``; by default the Target's ``kv``. ``on_round`` receives a ``Round`` per round
     (profiling); each chunk carries the live ``GenerationStats`` (``stats``,
     if given, is filled), complete once the stream ends. Closing the
     iterator early ends the generation between rounds.
@@ -208,7 +211,9 @@ def batch_generate(
         raise Hf2qError(f"{len(configs)} configs for {len(prompts)} prompts")
     else:
         configs = [_config(c, {}, {}) for c in configs]
-    scheduler = Scheduler(target, SchedulerConfig(max_batch=max_batch))
+    kvs = {c.kv or target.kv for c in configs}
+    kv = kvs.pop() if len(kvs) == 1 else None  # the batch stores as its generations do
+    scheduler = Scheduler(target, SchedulerConfig(max_batch=max_batch, kv=kv))
     sinks = []
     for prompt, config in zip(prompts, configs):
         ids = encode_prompt(target, prompt, config.chat_template)

@@ -7,8 +7,9 @@ A :class:`Snapshot` is every layer cache's contents after some tokens
 after its first ``n`` tokens only where that state is held exactly, which is
 any ``n`` for full attention, ``n`` inside the kept history for sliding
 windows and exactly all its tokens for recurrent layers (see
-``LayerState.reaches``). Bounded by entries and bytes, least recently used
-out.
+``LayerState.reaches``). A snapshot is only ever reused by a sequence whose
+caches store keys and values alike (the same :class:`~hf2q_py.kv.KVConfig`).
+Bounded by entries and bytes, least recently used out.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from .cache import LayerState
 from .errors import Hf2qError
+from .kv import FULL_PRECISION, KVConfig
 
 DEFAULT_MAX_ENTRIES = 8
 DEFAULT_MAX_BYTES = 2 << 30
@@ -28,10 +31,12 @@ DEFAULT_MAX_BYTES = 2 << 30
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The caches of a sequence after ``tokens``, one ``LayerState`` per layer."""
+    """The caches of a sequence after ``tokens``, one ``LayerState`` per
+    layer, made by caches that store keys and values as ``kv`` says."""
 
     tokens: tuple[int, ...]
     layers: tuple[LayerState, ...]
+    kv: KVConfig = FULL_PRECISION
 
     @property
     def nbytes(self) -> int:
@@ -65,7 +70,8 @@ class PromptCache:
             raise Hf2qError(f"prompt cache bytes must be an integer >= 1, got {max_bytes!r}")
         self.max_entries, self.max_bytes = max_entries, max_bytes
         self.stats = PromptCacheStats()
-        self._entries: OrderedDict[tuple[int, ...], tuple[Snapshot, np.ndarray]] = OrderedDict()
+        #: (KV layout, tokens) -> (snapshot, its tokens as an array)
+        self._entries: OrderedDict[tuple[Any, tuple[int, ...]], tuple[Snapshot, np.ndarray]] = OrderedDict()
         self.nbytes = 0
 
     def __len__(self) -> int:
@@ -76,20 +82,25 @@ class PromptCache:
         self._entries.clear()
         self.nbytes = 0
 
-    def lookup(self, tokens: Sequence[int], limit: int) -> tuple[Snapshot | None, int]:
-        """The snapshot that rebuilds the longest prefix of ``tokens`` (at most
-        ``limit`` tokens long) and that prefix's length; (None, 0) if none does."""
+    def lookup(
+        self, tokens: Sequence[int], limit: int, kv: KVConfig = FULL_PRECISION
+    ) -> tuple[Snapshot | None, int]:
+        """The snapshot made with ``kv`` that rebuilds the longest prefix of
+        ``tokens`` (at most ``limit`` tokens long) and that prefix's length;
+        (None, 0) if none does."""
         self.stats.lookups += 1
         ids = np.asarray(tokens[:limit], dtype=np.int64)
         best: tuple[Snapshot | None, int] = (None, 0)
         for snap, arr in reversed(self._entries.values()):  # most recent first wins ties
+            if snap.kv != kv:
+                continue
             # a shorter prefix never helps: sliding windows need a long enough one,
             # recurrent layers exactly theirs, full attention reaches any
             n = _common_prefix(arr, ids)
             if n > best[1] and snap.reaches(n):
                 best = (snap, n)
         if best[0] is not None:
-            self._entries.move_to_end(best[0].tokens)
+            self._entries.move_to_end(_key(best[0]))
             self.stats.hits += 1
             self.stats.reused_tokens += best[1]
         return best
@@ -100,24 +111,29 @@ class PromptCache:
         while over the bounds. A snapshot larger than ``max_bytes`` is not kept."""
         if not snap.tokens or snap.nbytes > self.max_bytes:
             return
-        for key in [k for k in self._entries if _covers(snap, k)]:
+        for key in [k for k, (old, _) in self._entries.items() if _covers(snap, old)]:
             self._drop(key)
-        self._entries[snap.tokens] = (snap, np.asarray(snap.tokens, dtype=np.int64))
+        self._entries[_key(snap)] = (snap, np.asarray(snap.tokens, dtype=np.int64))
         self.nbytes += snap.nbytes
         self.stats.stored += 1
         while len(self._entries) > self.max_entries or self.nbytes > self.max_bytes:
             self._drop(next(iter(self._entries)))
             self.stats.evicted += 1
 
-    def _drop(self, key: tuple[int, ...]) -> None:
+    def _drop(self, key: tuple[Any, tuple[int, ...]]) -> None:
         snap, _ = self._entries.pop(key)
         self.nbytes -= snap.nbytes
 
 
-def _covers(snap: Snapshot, key: tuple[int, ...]) -> bool:
-    """Whether ``snap`` holds ``key`` as a prefix and can rebuild its state."""
-    n = len(key)
-    return n <= len(snap.tokens) and snap.tokens[:n] == key and snap.reaches(n)
+def _key(snap: Snapshot) -> tuple[Any, tuple[int, ...]]:
+    return (snap.kv.key, snap.tokens)
+
+
+def _covers(snap: Snapshot, old: Snapshot) -> bool:
+    """Whether ``snap`` holds ``old``'s tokens as a prefix and can rebuild its
+    state (both made with the same KV layout)."""
+    n, key = len(old.tokens), old.tokens
+    return snap.kv == old.kv and n <= len(snap.tokens) and snap.tokens[:n] == key and snap.reaches(n)
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:

@@ -20,6 +20,7 @@ from .config import GenerationConfig, SpecConfig
 from .constraints import ConstraintSpec
 from .distributed import agree_seed
 from .errors import Hf2qError, one_line
+from .kv import kv_config
 from .methods import build_proposer
 from .sampling import SamplingConfig, TokenLogprob, make_decider
 from .sequence import Sequence as Generation
@@ -32,6 +33,8 @@ _SPEC_FIELDS = {f.name for f in fields(SpecConfig)}
 _SAMPLING_FIELDS = {f.name for f in fields(SamplingConfig)}
 #: Options that make the config's ``constraint`` (``ConstraintSpec.from_options``).
 _CONSTRAINT_OPTIONS = ("json_schema", "regex", "grammar", "json_object")
+#: Options that make the config's ``kv`` (``kv_config``), as mlx-lm names them.
+_KV_OPTIONS = ("kv_bits", "kv_group_size", "quantized_kv_start")
 
 
 @dataclass
@@ -151,6 +154,11 @@ def make_config(**options: Any) -> GenerationConfig:
         if options.get("constraint") is not None:
             raise Hf2qError(f"give constraint= or {', '.join(asked)}=, not both")
         options["constraint"] = ConstraintSpec.from_options(**asked)
+    kv_asked = {k: options.pop(k) for k in _KV_OPTIONS if k in options}
+    if kv_asked:
+        if options.get("kv") is not None:
+            raise Hf2qError(f"give kv= or {', '.join(kv_asked)}=, not both")
+        options["kv"] = kv_config(**kv_asked)
     spec_opts = {k: v for k, v in options.items() if k in _SPEC_FIELDS}
     sampling_opts = {k: v for k, v in options.items() if k in _SAMPLING_FIELDS}
     gen_opts = {k: v for k, v in options.items() if k not in _SPEC_FIELDS | _SAMPLING_FIELDS}
@@ -161,6 +169,7 @@ def make_config(**options: Any) -> GenerationConfig:
         "plain_first_token",
         "constraint",
         "logprobs",
+        "kv",
     }
     if unknown:
         raise Hf2qError(f"unknown option(s): {', '.join(sorted(unknown))}")
@@ -184,6 +193,8 @@ def make_sequence(
     proposer, draft-length policy, decider and budget."""
     sampling = config.sampling
     seeded = sampling is not None and not sampling.greedy and sampling.seed is not None
+    kv = target.kv if config.kv is None else config.kv
+    target.check_kv(kv)
     proposer, policy = build_proposer(target, config.spec, seeded_sampling=seeded)
     if sampling is not None and not sampling.greedy and sampling.seed is None and target.sharding:
         # Every rank must draw the same random numbers: rank 0 picks the seed.
@@ -193,7 +204,7 @@ def make_sequence(
         policy=policy, eos_token_ids=target.eos_token_ids, stats=stats, on_round=on_round,
         decider=make_decider(sampling), plain_first_token=config.plain_first_token,
         logprobs=config.logprobs,
-        constraint=config.constraint.build(target) if config.constraint is not None else None,
+        constraint=config.constraint.build(target) if config.constraint is not None else None, kv=kv,
     )  # fmt: skip
 
 

@@ -11,7 +11,9 @@ start soonest); then the batch's rows run one round together (each row's
 drafts, one verify width for all rows, one forward, one read) and each
 generation running alone runs one round on its own runtime. A generation
 runs alone when nothing could share its forwards (then it pipelines its
-decodes) or when its proposer cannot draft for a batch (``Proposer.batchable``).
+decodes), when its proposer cannot draft for a batch (``Proposer.batchable``),
+when its KV layout (``GenerationConfig.kv``) differs from the batch's, and
+until it is past the batch's ``quantized_kv_start`` (it joins once it is).
 
 Generations may be submitted from other threads (the server's HTTP side);
 everything else runs on the thread that calls :meth:`Scheduler.step`.
@@ -34,6 +36,7 @@ from .batch.runtime import BatchRuntime, batch_refusal
 from .config import GenerationConfig
 from .draft_length.batch import BatchCosts, plan_width
 from .errors import Hf2qError, one_line
+from .kv import KVConfig
 from .proposers.base import BatchDrafter, DraftAsk
 from .request import Chunker, GenerationChunk, make_sequence
 from .sequence import Sequence, Turn, pack, unpack
@@ -49,12 +52,17 @@ class SchedulerConfig:
 
     max_batch: int = 8  # generations running at once (batched and alone together)
     prefill_chunk: int = PREFILL_CHUNK  # prompt tokens prefilled per round (between the others' rounds)
+    kv: KVConfig | None = None  # how the batch stores keys and values (None: as the Target's kv)
 
     def validate(self) -> None:
         if not isinstance(self.max_batch, int) or self.max_batch < 1:
             raise Hf2qError(f"max_batch must be >= 1, got {self.max_batch!r}")
         if not isinstance(self.prefill_chunk, int) or self.prefill_chunk < 1:
             raise Hf2qError(f"prefill_chunk must be >= 1, got {self.prefill_chunk!r}")
+        if self.kv is not None:
+            if not isinstance(self.kv, KVConfig):
+                raise Hf2qError(f"kv must be a KVConfig, got {type(self.kv).__name__}")
+            self.kv.validate()
 
 
 class Sink:
@@ -161,7 +169,7 @@ class Scheduler:
         if self._refusal is False:
             self._refusal = batch_refusal(self.target)
         if self._batch is None and self._refusal is None:
-            self._batch = BatchRuntime(self.target)
+            self._batch = BatchRuntime(self.target, kv=self.config.kv)
         return self._batch
 
     # -- rounds -----------------------------------------------------------------
@@ -178,6 +186,7 @@ class Scheduler:
             self.alone.rotate(-1)
             self._solo(entry)
             self.rounds_by_size[1] = self.rounds_by_size.get(1, 0) + 1
+        self._rejoin()
         if len(self.rows) == 1 and not self.joining and not self.waiting:
             self._to_alone(self.rows[0])
 
@@ -245,13 +254,32 @@ class Scheduler:
         any batchable generation running alone into the batch with it."""
         entry.batched = entry.seq.proposer.batchable
         mates = [e for e in self.alone if e.batched]
-        if not entry.batched or not (self.rows or mates) or self.batch is None:
+        if (self.rows or mates) and self._joinable(entry):
+            mates = [e for e in mates if self._joinable(e)]
+        if not (self.rows or mates) or not self._joinable(entry):
             self.alone.append(entry)
             return
         for mate in mates:
             self.alone.remove(mate)
             self._to_batch(mate)
         self._to_batch(entry)
+
+    def _joinable(self, entry: Entry) -> bool:
+        """Whether a generation can be a batch row now: its proposer can, the
+        target batches, its KV layout is the batch's and its next forward is
+        past the batch's ``quantized_kv_start``."""
+        if not entry.batched or self.batch is None:
+            return False
+        return self.batch.accepts(entry.seq.kv, len(entry.seq.tokens) - 1)
+
+    def _rejoin(self) -> None:
+        """Generations that ran alone only until they passed
+        ``quantized_kv_start`` join the batch, or their partners there."""
+        passed = [e for e in self.alone if e.batched and e.seq.kv.quantized and self._joinable(e)]
+        if passed and (self.rows or len(passed) > 1):
+            for entry in passed:
+                self.alone.remove(entry)
+                self._to_batch(entry)
 
     def _to_batch(self, entry: Entry) -> None:
         """Move a generation (prefilled, or running alone) into the batch (and
@@ -448,7 +476,7 @@ class Scheduler:
             self.rows.remove(entry)
             self._fail(entry, error)
         if self._batch is not None:
-            self._batch = BatchRuntime(self.target)
+            self._batch = BatchRuntime(self.target, kv=self._batch.kv)
         self._drafters, self._row_drafters = {}, {}
 
     def _drop_cancelled(self) -> None:

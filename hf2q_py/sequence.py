@@ -41,6 +41,7 @@ from .distributed import Sharding, agree, token_check
 from .draft_length import NoDrafts, Policy, build_policy
 from .draft_length.batch import Offer, offer
 from .errors import Hf2qError
+from .kv import KVConfig
 from .proposers.base import Draft, PlainDecoding, Proposer
 from .sampling import Greedy, TokenLogprob, Verdict, logprob_block, read_logprobs
 from .stats import GenerationStats, Round
@@ -113,7 +114,8 @@ class Sequence:
     decode (a stream's time to first token). ``logprobs``: N >= 0 keeps
     each committed token's log-probability and N alternatives
     (:attr:`logprobs`). ``constraint``: a grammar state (structured output)
-    that cuts drafts it forbids and masks every verified position. EOS ends
+    that cuts drafts it forbids and masks every verified position. ``kv``:
+    how its caches store keys and values (default: the Target's). EOS ends
     generation (the EOS token itself is not committed) and ``max_tokens``
     is never exceeded, also inside an accepted block.
     """
@@ -133,6 +135,7 @@ class Sequence:
         plain_first_token: bool = False,
         logprobs: int | None = None,
         constraint: Any = None,
+        kv: KVConfig | None = None,
     ):
         prompt = list(prompt)
         if not prompt:
@@ -150,6 +153,7 @@ class Sequence:
         self.eos = set(eos_token_ids)
         self.on_round, self.plain_first_token = on_round, plain_first_token
         self.top_logprobs, self.constraint = logprobs, constraint
+        self.kv = target.kv if kv is None else kv
         self.capture = tuple(self.proposer.capture_layers)
         self.tokens = list(prompt)
         #: The log-probabilities of the tokens the last round committed (``logprobs`` set).
@@ -169,7 +173,7 @@ class Sequence:
     def new_runtime(self) -> Runtime:
         """A fresh runtime sized for this generation's rollback depth."""
         k = self.policy.k_max
-        return self.target.runtime(slack=max(64, k + 2), rollback=k + 2)
+        return self.target.runtime(slack=max(64, k + 2), rollback=k + 2, kv=self.kv)
 
     def begin(self, runtime: Runtime | None = None) -> None:
         """Take a runtime (default: a fresh one, from the prompt cache where it
@@ -181,7 +185,7 @@ class Sequence:
             runtime = self.new_runtime()
             cache = self.target.prompt_cache
             if cache is not None and not self.proposer.capture_layers:
-                snap, n = cache.lookup(self.prompt, limit=len(self.prompt) - 1)
+                snap, n = cache.lookup(self.prompt, limit=len(self.prompt) - 1, kv=runtime.kv)
                 if snap is not None:
                     runtime.restore(snap, n)
         self.rt = runtime

@@ -4,7 +4,9 @@
 cache of one sequence and offers the three forwards every method needs:
 ``prefill`` (many tokens), ``decode`` (one token) and ``verify`` (the last
 committed token plus K drafts), each optionally capturing hidden states in the
-same forward. All results are lazy MLX arrays.
+same forward. All results are lazy MLX arrays. A Target's ``kv``
+(:class:`~hf2q_py.kv.KVConfig`) says how its runtimes' attention caches store
+keys and values: full precision (the default), or quantized to 8 or 4 bits.
 """
 
 from __future__ import annotations
@@ -21,8 +23,18 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 from .distributed import Sharding
+from .errors import Hf2qError
+from .kv import FULL_PRECISION, KVConfig, attention_refusal, head_dim_refusal, layer_shapes, shared_views
 from .memory import DraftMemory
-from .cache import DEFAULT_SLACK, cache_state, make_cache, restore_layer, save_layer, trim_cache
+from .cache import (
+    DEFAULT_SLACK,
+    QuantizedKVCache,
+    cache_state,
+    make_cache,
+    restore_layer,
+    save_layer,
+    trim_cache,
+)
 from .prompt_cache import PromptCache, Snapshot
 from .recurrent import RecurrentLog
 from .taps import embedding, find_decoder, language_model, tapped
@@ -93,6 +105,7 @@ class Target:
         *,
         source: str = "<in-memory>",
         sharding: Sharding | None = None,
+        kv: KVConfig = FULL_PRECISION,
     ):
         self.model = model
         self.lm = language_model(model)
@@ -112,6 +125,44 @@ class Target:
         self.prompt_cache: PromptCache | None = None
         #: How the model is split over an ``mlx.launch`` group (None: it is whole).
         self.sharding = sharding
+        self._kv_checked: dict[KVConfig, str | None] = {}
+        self._shapes: tuple | None = None
+        self.kv = kv
+
+    @property
+    def kv(self) -> KVConfig:
+        """How runtimes on this target store attention keys and values
+        (settable; checked against the model when set)."""
+        return self._kv
+
+    @kv.setter
+    def kv(self, kv: KVConfig) -> None:
+        self.check_kv(kv)
+        self._kv = kv
+
+    def check_kv(self, kv: KVConfig) -> None:
+        """Refuse a KV configuration this model cannot use (an ``Hf2qError``
+        naming the option): bad values, a group size its head dimensions
+        cannot take, attention that cannot read quantized keys."""
+        if not isinstance(kv, KVConfig):
+            raise Hf2qError(f"kv must be a KVConfig, got {type(kv).__name__}")
+        kv.validate()
+        if kv not in self._kv_checked:
+            self._kv_checked[kv] = self._kv_refusal(kv)
+        if self._kv_checked[kv] is not None:
+            raise Hf2qError(self._kv_checked[kv])
+
+    def _kv_refusal(self, kv: KVConfig) -> str | None:
+        if not kv.quantized:
+            return None
+        problem = attention_refusal(self.layers, self.model_type)
+        return problem or head_dim_refusal(self.layer_shapes(), kv.group_size)
+
+    def layer_shapes(self) -> tuple:
+        """Each layer cache's shape (``hf2q_py.kv.layer_shapes``), read once."""
+        if self._shapes is None:
+            self._shapes = layer_shapes(self)
+        return self._shapes
 
     @cached_property
     def line_breaks(self) -> frozenset[int]:
@@ -182,10 +233,23 @@ class Target:
     def vocab_size(self) -> int:
         return self.config("vocab_size")
 
-    def runtime(self, slack: int = DEFAULT_SLACK, rollback: int | None = None) -> Runtime:
+    def runtime(
+        self, slack: int = DEFAULT_SLACK, rollback: int | None = None, kv: KVConfig | None = None
+    ) -> Runtime:
         """A fresh sequence with an empty cache; ``slack`` bounds multi-step rollback
-        on sliding-window layers, ``rollback`` (default: ``slack``) on recurrent ones."""
-        return Runtime(self, slack, rollback)
+        on sliding-window layers, ``rollback`` (default: ``slack``) on recurrent ones;
+        ``kv``: how its attention caches store keys and values (default: ``self.kv``)."""
+        return Runtime(self, slack, rollback, kv)
+
+
+def _joined(a: Forward, b: Forward, logits: str) -> Forward:
+    """Two consecutive forwards as one: logits of both ("all") or the second's."""
+    out = mx.concatenate([a.logits, b.logits]) if logits == "all" else b.logits
+    hidden = {i: mx.concatenate([h, b.hidden[i]], axis=1) for i, h in a.hidden.items()}
+    final = b.final
+    if logits == "all" and a.final is not None:
+        final = mx.concatenate([a.final, b.final], axis=1)
+    return Forward(out, hidden, final)
 
 
 def _config_value(model: Any, name: str) -> Any:
@@ -209,10 +273,24 @@ class Runtime:
     #: What the engine times rounds with (a recorded runtime models time instead).
     clock = staticmethod(time.perf_counter)
 
-    def __init__(self, target: Target, slack: int = DEFAULT_SLACK, rollback: int | None = None):
+    def __init__(
+        self,
+        target: Target,
+        slack: int = DEFAULT_SLACK,
+        rollback: int | None = None,
+        kv: KVConfig | None = None,
+    ):
         self.target = target
         self.model = target.model
-        self.cache = make_cache(self.model, slack)
+        if kv is None:
+            kv = target.kv
+        else:
+            target.check_kv(kv)
+        #: How the attention caches store keys and values.
+        self.kv = kv
+        self.cache = make_cache(self.model, slack, kv)
+        # KV-shared layers (Gemma 4) read quantized keys through stand-ins for their caches
+        self._forward_cache = self.cache + (shared_views(self.model, self.cache) if kv.quantized else [])
         self.recurrent = RecurrentLog.create(target.layers, self.cache, rollback or slack)
         self.offset = 0
 
@@ -225,10 +303,28 @@ class Runtime:
         capture_final: bool = False,
         skip_layers: Sequence[int] = (),
     ) -> Forward:
-        """Append ``tokens`` to the cache; ``logits`` is "all", "last" or "none"."""
+        """Append ``tokens`` to the cache; ``logits`` is "all", "last" or "none".
+        A forward that would cross ``kv.start`` runs as two, split there, so
+        every query sees what it would in single-token decoding."""
         x = tokens if isinstance(tokens, mx.array) else mx.array(tokens, dtype=mx.uint32)
         if x.ndim == 1:
             x = x[None]
+        taps = dict(capture_layers=capture_layers, capture_final=capture_final, skip_layers=skip_layers)
+        cut = self.kv.start - self.offset
+        if self.kv.quantized and 0 < cut < x.shape[1]:
+            head = self._forward(x[:, :cut], logits="all" if logits == "all" else "none", **taps)
+            return _joined(head, self._forward(x[:, cut:], logits=logits, **taps), logits)
+        return self._forward(x, logits=logits, **taps)
+
+    def _forward(
+        self,
+        x: mx.array,
+        *,
+        logits: str,
+        capture_layers: Sequence[int],
+        capture_final: bool,
+        skip_layers: Sequence[int],
+    ) -> Forward:
         keep = {"all": None, "last": slice(-1, None), "none": slice(-1, None)}[logits]
         with (
             tapped(
@@ -240,7 +336,7 @@ class Runtime:
             ) as rec,
             self._recording(x.shape[1]),
         ):
-            out = self.model(x, cache=self.cache)
+            out = self.model(x, cache=self._forward_cache)
         self.offset += x.shape[1]
         if self.target._decoder is None and keep is not None:
             out = out[:, keep]
@@ -320,7 +416,7 @@ class Runtime:
     def trimmable(self) -> bool:
         """Whether every layer is full attention, whose state can be cut back
         to any shorter prefix (sliding windows and recurrent layers cannot)."""
-        return all(type(c) is KVCache for c in self.cache)
+        return all(type(c) in (KVCache, QuantizedKVCache) for c in self.cache)
 
     def snapshot(self, tokens: Sequence[int]) -> Snapshot:
         """The caches' contents now, which hold exactly ``tokens`` (evaluated, not copied)."""
@@ -328,12 +424,16 @@ class Runtime:
             raise ValueError(f"the cache holds {self.offset} positions, not {len(tokens)}")
         layers = tuple(save_layer(c, self.offset) for c in self.cache)
         mx.eval([a for layer in layers for a in layer.arrays if a is not None])
-        return Snapshot(tuple(tokens), layers)
+        return Snapshot(tuple(tokens), layers, self.kv)
 
     def restore(self, snap: Snapshot, n: int) -> None:
         """Start this fresh sequence from the first ``n`` tokens of ``snap``."""
         if self.offset != 0:
             raise ValueError("restore needs a fresh runtime")
+        if snap.kv != self.kv:
+            raise ValueError(
+                f"a snapshot made with {snap.kv.describe()} cannot be restored into {self.kv.describe()}"
+            )
         if len(snap.layers) != len(self.cache) or not snap.reaches(n):
             raise ValueError(f"this snapshot cannot rebuild the state after {n} tokens")
         for c, layer in zip(self.cache, snap.layers):

@@ -11,7 +11,9 @@ their slots. Attention masks by position, so empty slots cost memory, never
 correctness: a rollback is exact on every layer kind, sliding windows
 included, whatever has wrapped. When the buffers fill, :meth:`SlotTable.plan`
 packs each row's slots to the left (and drops positions a sliding window no
-longer reaches), which every layer applies as one gather.
+longer reaches), which every layer applies as one gather. Quantized slots
+(a quantized :class:`~hf2q_py.kv.KVConfig`) hold each position's triplet, as
+a single sequence's cache does, and every operation here moves them whole.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from collections.abc import Sequence
 
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_map
+
+from .. import kv as stores
+from ..kv import FULL_PRECISION, KVConfig
 
 #: The position of an empty slot: after every real one, so causality masks it.
 EMPTY = 1 << 30
@@ -156,12 +162,15 @@ class SlotTable:
 class SlotKVCache:
     """One attention layer's keys and values for a batch, in the slots of
     ``table`` (mlx-lm's cache protocol: ``update_and_fetch``, ``offset``,
-    ``make_mask``, ``state``)."""
+    ``make_mask``, ``state``), stored as ``kv`` says; quantized, it shows
+    ``bits`` and ``group_size`` (a batch row is always past ``kv.start``)."""
 
-    def __init__(self, table: SlotTable):
-        self.table = table
-        self.keys: mx.array | None = None
-        self.values: mx.array | None = None
+    def __init__(self, table: SlotTable, kv: KVConfig = FULL_PRECISION):
+        self.table, self.kv = table, kv
+        self.keys = None  # a store: an array, or a quantized triplet
+        self.values = None
+        if kv.quantized:
+            self.bits, self.group_size = kv.bits, kv.group_size
 
     @property
     def offset(self) -> mx.array:
@@ -170,20 +179,19 @@ class SlotKVCache:
     def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False, **kw):
         return self.table.mask(N, window_size)
 
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
         t = self.table
+        keys, values = self.kv.encode(keys), self.kv.encode(values)
         if self.keys is None:
             self._allocate(keys, values)
-        start, width = t.used, keys.shape[2]
-        self.keys[..., start : start + width, :] = keys
-        self.values[..., start : start + width, :] = values
-        return self.keys[..., : start + width, :], self.values[..., : start + width, :]
+        start, width = t.used, stores.length(keys)
+        stores.write(self.keys, start, keys)
+        stores.write(self.values, start, values)
+        return stores.positions(self.keys, 0, start + width), stores.positions(self.values, 0, start + width)
 
-    def _allocate(self, keys: mx.array, values: mx.array) -> None:
-        B, H, _, D = keys.shape
+    def _allocate(self, keys, values) -> None:
         cap = self.table.capacity
-        self.keys = mx.zeros((B, H, cap, D), keys.dtype)
-        self.values = mx.zeros((B, H, cap, values.shape[3]), values.dtype)
+        self.keys, self.values = stores.zeros(keys, cap), stores.zeros(values, cap)
 
     # -- the batch's changes ------------------------------------------------------
     def fit(self, index: np.ndarray | None) -> None:
@@ -192,49 +200,45 @@ class SlotKVCache:
             return
         if index is not None:
             idx = mx.array(index)[:, None, :, None]
-            self.keys = mx.take_along_axis(self.keys, idx, axis=2)
-            self.values = mx.take_along_axis(self.values, idx, axis=2)
-        grow = self.table.capacity - self.keys.shape[2]
+            self.keys, self.values = stores.gather(self.keys, idx), stores.gather(self.values, idx)
+        grow = self.table.capacity - stores.length(self.keys)
         if grow > 0:
-            pad = [(0, 0), (0, 0), (0, grow), (0, 0)]
-            self.keys, self.values = mx.pad(self.keys, pad), mx.pad(self.values, pad)
+            self.keys, self.values = stores.pad(self.keys, grow), stores.pad(self.values, grow)
 
-    def add_row(self, keys: mx.array | None, values: mx.array | None) -> None:
-        """Append a row holding ``keys``/``values`` (1, H, n, D) in its first slots."""
+    def add_row(self, keys, values) -> None:
+        """Append a row holding ``keys``/``values`` (stores of (1, H, n, .)) in its first slots."""
         if keys is None:  # an empty row: zeros, once the shapes are known
             if self.keys is not None:
-                z = mx.zeros((1, *self.keys.shape[1:]), self.keys.dtype)
-                self.keys, self.values = self._cat(z, z[..., : self.values.shape[3]])
+                one = slice(0, 1)
+                k = stores.zeros(stores.take_rows(self.keys, one), self.table.capacity)
+                v = stores.zeros(stores.take_rows(self.values, one), self.table.capacity)
+                self.keys, self.values = stores.concat_rows(self.keys, k), stores.concat_rows(self.values, v)
             return
-        cap = self.table.capacity
-        pad = [(0, 0), (0, 0), (0, cap - keys.shape[2]), (0, 0)]
-        k, v = mx.pad(keys, pad), mx.pad(values, pad)
+        grow = self.table.capacity - stores.length(keys)
+        k, v = stores.pad(keys, grow), stores.pad(values, grow)
         if self.keys is None:
             rows = self.table.rows - 1  # rows before this one, empty so far
             if rows:
-                k = mx.concatenate([mx.zeros((rows, *k.shape[1:]), k.dtype), k])
-                v = mx.concatenate([mx.zeros((rows, *v.shape[1:]), v.dtype), v])
+                k = stores.concat_rows(_zero_rows(k, rows), k)
+                v = stores.concat_rows(_zero_rows(v, rows), v)
             self.keys, self.values = k, v
             return
-        self.keys, self.values = self._cat(k, v)
-
-    def _cat(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
-        return mx.concatenate([self.keys, k]), mx.concatenate([self.values, v])
+        self.keys, self.values = stores.concat_rows(self.keys, k), stores.concat_rows(self.values, v)
 
     def remove_rows(self, keep: Sequence[int]) -> None:
         if not keep:
             self.keys = self.values = None
         elif self.keys is not None:
             idx = mx.array(list(keep), dtype=mx.int32)
-            self.keys, self.values = self.keys[idx], self.values[idx]
+            self.keys, self.values = stores.take_rows(self.keys, idx), stores.take_rows(self.values, idx)
 
-    def row(self, row: int) -> tuple[mx.array, mx.array] | None:
-        """Row ``row``'s live keys and values (1, H, n, D), in position order."""
+    def row(self, row: int):
+        """Row ``row``'s live keys and values (stores of (1, H, n, .)), in position order."""
         if self.keys is None:
             return None
         cols, _ = self.table.row_slots(row)
         idx = mx.array(cols)
-        return self.keys[row : row + 1][:, :, idx], self.values[row : row + 1][:, :, idx]
+        return _pick(self.keys, row, idx), _pick(self.values, row, idx)
 
     @property
     def state(self):
@@ -248,4 +252,14 @@ class SlotKVCache:
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+        return stores.store_nbytes(self.keys) + stores.store_nbytes(self.values)
+
+
+def _pick(store, row: int, columns: mx.array):
+    """Row ``row``'s slots ``columns`` of a store, (1, H, n, .)."""
+    return tree_map(lambda x: x[row : row + 1][:, :, columns], store)
+
+
+def _zero_rows(store, rows: int):
+    """A zero store of ``rows`` rows shaped like ``store``'s one."""
+    return tree_map(lambda x: mx.zeros((rows, *x.shape[1:]), x.dtype), store)

@@ -7,7 +7,10 @@ rounds) and leave when their generation ends. Each forward feeds every row
 its own tokens, right-padded to the widest row; a row's padding and its
 rejected drafts are emptied from the caches afterwards
 (:mod:`hf2q_py.batch.cache`), recurrent layers' states included
-(:mod:`hf2q_py.batch.recurrent`).
+(:mod:`hf2q_py.batch.recurrent`). A batch stores keys and values as one
+:class:`~hf2q_py.kv.KVConfig` says; a row joins only from a runtime with the
+same one, at or past its ``quantized_kv_start`` (every query of a batched
+forward reads the quantized keys).
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache
 
-from ..cache import LayerState, SlidingWindowCache
+from .. import kv as stores
+from ..cache import LayerState, QuantizedKVCache, SlidingWindowCache
 from ..errors import Hf2qError
+from ..kv import KVConfig, shared_views
 from ..prompt_cache import Snapshot
 from ..target import Forward, Runtime, Target
 from ..taps import tapped
@@ -29,7 +34,7 @@ from .cache import SlotKVCache, SlotTable
 from .recurrent import BatchRecurrent
 
 #: The layer cache kinds a batch holds: full attention, sliding windows and recurrent state.
-BATCHABLE = (KVCache, SlidingWindowCache, ArraysCache)
+BATCHABLE = (KVCache, QuantizedKVCache, SlidingWindowCache, ArraysCache)
 
 
 def batch_refusal(target: Target) -> str | None:
@@ -48,17 +53,20 @@ class BatchRuntime:
 
     ``rows`` are the ids of the sequences in batch order. ``keep`` bounds
     rollback on sliding-window layers (positions kept behind the window).
+    ``kv``: how the batch stores keys and values (default: the Target's).
     """
 
     #: What rounds are timed with.
     clock = staticmethod(time.perf_counter)
 
-    def __init__(self, target: Target, keep: int = 64):
+    def __init__(self, target: Target, keep: int = 64, kv: KVConfig | None = None):
         problem = batch_refusal(target)
         if problem is not None:
             raise Hf2qError(f"cannot batch: {problem}")
         self.target, self.model = target, target.model
-        layout = target.runtime(slack=keep).cache
+        solo = target.runtime(slack=keep, kv=kv)
+        self.kv = solo.kv
+        layout = solo.cache
         self.tables: dict[int | None, SlotTable] = {}
         self.caches: list[Any] = []
         for c in layout:
@@ -67,13 +75,23 @@ class BatchRuntime:
                 continue
             window = c.window if isinstance(c, SlidingWindowCache) else None
             table = self.tables.setdefault(window, SlotTable(window, keep))
-            self.caches.append(SlotKVCache(table))
+            self.caches.append(SlotKVCache(table, self.kv))
         self.recurrent = BatchRecurrent.create(target, layout, self.caches)
+        # KV-shared layers (Gemma 4) read quantized keys through stand-ins for their caches
+        self._shared = shared_views(self.model, self.caches) if self.kv.quantized else []
         self.rows: list[Any] = []
 
     # -- rows -------------------------------------------------------------------
+    def accepts(self, kv: KVConfig, offset: int) -> bool:
+        """Whether a sequence storing keys and values as ``kv``, whose next
+        forward starts at ``offset``, can be a row."""
+        return kv == self.kv and (not kv.quantized or offset >= kv.start)
+
     def add(self, row_id: Any, rt: Runtime) -> RowRuntime:
         """A new row holding ``rt``'s state (a prefilled single sequence)."""
+        if not self.accepts(rt.kv, rt.offset):
+            raise ValueError(f"a sequence with {rt.kv.describe()} at position {rt.offset} cannot join "
+                             f"a batch of {self.kv.describe()}")  # fmt: skip
         slots = {}  # per table: the first layer's positions, which every layer of the table shares
         for c, solo in zip(self.caches, rt.cache):
             if isinstance(c, SlotKVCache) and c.table.window not in slots:
@@ -137,7 +155,7 @@ class BatchRuntime:
         if self.recurrent is not None:
             self.recurrent.begin(widths)
         with tapped(self.model, capture_layers=capture_layers, skip_layers=skip_layers) as rec:
-            logits = self.model(x, cache=self.caches)
+            logits = self.model(x, cache=self.caches + self._shared)
         for table in self.tables.values():
             table.end()
         if self.recurrent is not None:
@@ -177,7 +195,7 @@ class BatchRuntime:
             else:
                 layers.append(self.recurrent.row_state(c, b))
         mx.eval([a for layer in layers for a in layer.arrays if a is not None])
-        return Snapshot(tuple(tokens), tuple(layers))
+        return Snapshot(tuple(tokens), tuple(layers), self.kv)
 
 
 def _inputs(feeds: Sequence[Sequence[int] | mx.array], widths: list[int], width: int) -> mx.array:
@@ -205,13 +223,13 @@ def _solo_positions(cache: Any) -> np.ndarray:
     return np.arange(start, cache.offset, dtype=np.int32)
 
 
-def _solo_kv(cache: Any, positions: np.ndarray) -> tuple[mx.array | None, mx.array | None]:
-    """A single sequence's keys and values at ``positions`` (1, H, n, D)."""
+def _solo_kv(cache: Any, positions: np.ndarray) -> tuple[Any, Any]:
+    """A single sequence's keys and values at ``positions`` (stores of (1, H, n, .))."""
     if cache.empty() or not len(positions):
         return None, None
-    first = int(positions[0]) - (cache.start if isinstance(cache, SlidingWindowCache) else 0)
-    held = slice(first, first + len(positions))
-    return cache.keys[..., held, :], cache.values[..., held, :]
+    first = int(positions[0]) - getattr(cache, "start", 0)  # mlx-lm's KVCache starts at 0
+    last = first + len(positions)
+    return stores.positions(cache.keys, first, last), stores.positions(cache.values, first, last)
 
 
 def _row_state(cache: SlotKVCache, b: int) -> LayerState:
@@ -222,11 +240,11 @@ def _row_state(cache: SlotKVCache, b: int) -> LayerState:
     if kv is None:
         raise ValueError("cannot save an empty layer cache")
     _, positions = table.row_slots(b)
-    nbytes = kv[0].nbytes + kv[1].nbytes
+    nbytes = stores.store_nbytes(kv[0]) + stores.store_nbytes(kv[1])
     if table.window is None:
-        return LayerState("kv", kv, offset, nbytes)
+        return LayerState("kv", kv, offset, nbytes, kv=cache.kv)
     start = int(positions[0]) if len(positions) else offset
-    return LayerState("window", kv, offset, nbytes, start, table.window)
+    return LayerState("window", kv, offset, nbytes, start, table.window, cache.kv)
 
 
 class RowRuntime:

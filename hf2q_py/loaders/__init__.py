@@ -11,6 +11,7 @@ from typing import Any
 
 from ..distributed import barrier, check_mode
 from ..errors import ModelLoadError
+from ..kv import kv_config
 from ..target import Target
 from .builtin import builtin_model_path
 from .convert import parse_dtype
@@ -25,6 +26,9 @@ def load(
     shard: str = "auto",
     offline: bool = False,
     progress: bool | None = None,
+    kv_bits: int | None = None,
+    kv_group_size: int | None = None,
+    quantized_kv_start: int | None = None,
 ) -> Target:
     """Load a model for generation.
 
@@ -47,15 +51,24 @@ def load(
     "auto" (tensor parallel where mlx-lm has it, else pipeline), "tensor",
     "pipeline", or "none" (every rank loads the whole model). Refusals come
     before any weight is read.
+
+    ``kv_bits`` 8 or 4 quantizes the KV caches of every generation on the
+    target (None: full precision), in groups of ``kv_group_size`` (32, 64
+    or 128; default 64) along the head dimension, from position
+    ``quantized_kv_start`` (default 0) on: the target's ``kv``
+    (:class:`~hf2q_py.kv.KVConfig`). Bad values are refused before loading,
+    a group size the model's head dimension cannot take after.
     """
     from .progress import shown
 
+    kv = kv_config(kv_bits, kv_group_size, quantized_kv_start)
     mx_dtype = parse_dtype(dtype)
     check_mode(shard)
     split = Split(group, shard) if group is not None and group.size() > 1 and shard != "none" else None
     target = _load(source, mx_dtype, split, offline, shown(progress))
     if split is not None:
         barrier(group)  # no rank starts generating while another still loads
+    target.kv = kv
     return target
 
 

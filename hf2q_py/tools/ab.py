@@ -18,6 +18,11 @@ The bound 2 d is measured, not assumed:
   and on the tokens both produced before the difference;
 - reference files (no logits): ``REFERENCE_FACTOR`` times the noise bound, or
   a bound the user gives.
+
+With a quantized KV cache (the Target's ``kv``), plain decoding, the noise
+bound and every method run with it, and each case is also decoded at full
+precision (``KVEffect``): how often, and from which token on, quantizing the
+cache changes the answer.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import mlx.core as mx
 
 from ..errors import Hf2qError
 from ..generation import encode_prompt, generate
+from ..kv import FULL_PRECISION, KVConfig
 from ..target import Target
 from .ab_reference import Reference, record_line
 from .engines import Engine, EngineOutput, open_engine
@@ -119,10 +125,26 @@ class ABResult:
 
 
 @dataclass
+class KVEffect:
+    """Plain greedy decoding of one case with the quantized KV cache against
+    full precision: where the answers first differ (None: they do not)."""
+
+    prompt: str
+    kv: str
+    first_difference: int | None
+    quantized_tokens: int
+    full_tokens: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
 class ABReport:
     results: list[ABResult]
     noise: NoiseMeasurement | None  # None when nothing was compared (recording only)
     traces: list[Trace]  # plain greedy decoding of each case
+    kv_effects: list[KVEffect] = field(default_factory=list)  # with a quantized KV cache
 
     def count(self, verdict: str) -> int:
         return sum(r.verdict == verdict for r in self.results)
@@ -134,9 +156,10 @@ def _top2(logits: mx.array) -> list[tuple[int, float]]:
     return [(int(i), float(v)) for i, v in zip(idx, vals)]
 
 
-def baseline_trace(target: Target, prompt: list[int], max_tokens: int) -> Trace:
-    """Plain greedy decoding (the baseline's single-token forwards), keeping every step's logits."""
-    rt = target.runtime()
+def baseline_trace(target: Target, prompt: list[int], max_tokens: int, kv: KVConfig | None = None) -> Trace:
+    """Plain greedy decoding (the baseline's single-token forwards), keeping
+    every step's logits; ``kv``: the caches' storage (default: the Target's)."""
+    rt = target.runtime(kv=kv)
     if len(prompt) > 1:
         rt.prefill(prompt[:-1], logits="none")
     trace = Trace([], [], [], False)
@@ -497,7 +520,23 @@ def _run(
         for res in case_results:
             log(f"{name[:40]!r} {res.method}: {res.verdict}")
         results += case_results
-    return ABReport(results, noise, traces)
+    effects = kv_effects(target, cases, traces, log) if target.kv.quantized else []
+    return ABReport(results, noise, traces, effects)
+
+
+def kv_effects(
+    target: Target, cases: Sequence[Case], traces: Sequence[Trace], log: Callable[[str], None]
+) -> list[KVEffect]:
+    """Each case's plain greedy decoding with the Target's quantized KV cache
+    (``traces``) against the same decoding at full precision."""
+    out = []
+    for case, trace in zip(cases, traces):
+        full = baseline_trace(target, case.ids, case.max_tokens, kv=FULL_PRECISION)
+        i = first_difference(full, trace.tokens, trace.ended)
+        out.append(KVEffect(case.label[:60], target.kv.describe(), i, len(trace.tokens), len(full.tokens)))
+        log(f"{case.label[:40]!r} {target.kv.describe()} vs full precision: "
+            f"{'same answer' if i is None else f'first difference at token {i}'}")  # fmt: skip
+    return out
 
 
 def _reference_result(target: Target, case: Case, base: Trace, bound: float, name: str) -> ABResult:
@@ -559,6 +598,30 @@ def table(results: Sequence[ABResult]) -> str:
             f"{first} | {logits} | {rank} | {margin} | {r.bound:.3g} | {btop} | {r.min_margin:.3g} |"
         )
     return "\n".join(rows)
+
+
+def kv_table(effects: Sequence[KVEffect]) -> str:
+    """The quantized KV cache's answers against full precision, one row a case."""
+    rows = [
+        "| prompt | KV cache | against full precision | first difference | length (quantized/full) |",
+        "|---|---|---|---:|---|",
+    ]
+    for e in effects:
+        prompt = e.prompt.replace("\n", " ").replace("|", "\\|")
+        verdict = "same answer" if e.first_difference is None else "differs"
+        first = "-" if e.first_difference is None else str(e.first_difference)
+        rows.append(f"| {prompt} | {e.kv} | {verdict} | {first} | {e.quantized_tokens}/{e.full_tokens} |")
+    return "\n".join(rows)
+
+
+def kv_summary(effects: Sequence[KVEffect]) -> str:
+    """How often the quantized KV cache changed the answer, in one line."""
+    changed = [e.first_difference for e in effects if e.first_difference is not None]
+    where = f" (first differences at tokens {', '.join(map(str, changed))})" if changed else ""
+    return (
+        f"{effects[0].kv} against full precision: {len(changed)} of {len(effects)} answers differ{where}; "
+        "every method above is judged against plain decoding with the same KV cache"
+    )
 
 
 def summary(report: ABReport) -> str:

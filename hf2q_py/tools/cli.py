@@ -60,7 +60,77 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="keep MLX's own BLAS on Linux CPUs (slower; bit-identical batched/single-token matmuls)",
     )
+    add_kv_args(p)
     add_hub_args(p)
+
+
+def add_kv_args(p: argparse.ArgumentParser) -> None:
+    """``--kv-bits``, ``--kv-group-size``, ``--quantized-kv-start``: the KV caches' storage."""
+    p.add_argument(
+        "--kv-bits",
+        type=_choice_int((4, 8)),
+        default=None,
+        metavar="{4,8}",
+        help="quantize the KV caches to 8 or 4 bits (about 0.53x / 0.28x the bytes of 16-bit KV); "
+        "default: full precision",
+    )
+    p.add_argument(
+        "--kv-group-size",
+        type=_choice_int((32, 64, 128)),
+        default=None,
+        metavar="{32,64,128}",
+        help="elements of the head dimension per scale and bias (default 64; with --kv-bits)",
+    )
+    p.add_argument(
+        "--quantized-kv-start",
+        type=_nonnegative_int,
+        default=None,
+        metavar="N",
+        help="positions below N stay at full precision until the sequence reaches N (default 0; with --kv-bits)",
+    )
+
+
+def kv_options(args: argparse.Namespace) -> dict:
+    """The KV flags as ``hf2q_py.load`` options (a group size or start needs --kv-bits)."""
+    if args.kv_bits is None:
+        for flag, value in (
+            ("--kv-group-size", args.kv_group_size),
+            ("--quantized-kv-start", args.quantized_kv_start),
+        ):
+            if value is not None:
+                raise Hf2qError(f"{flag} applies to a quantized KV cache: give --kv-bits 8 or 4 too")
+    return {
+        "kv_bits": args.kv_bits,
+        "kv_group_size": args.kv_group_size,
+        "quantized_kv_start": args.quantized_kv_start,
+    }
+
+
+def _choice_int(choices: tuple[int, ...]):
+    """An argparse type: one of the integers ``choices``."""
+
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value not in choices:
+            named = ", ".join(map(str, choices[:-1])) + f" or {choices[-1]}"
+            raise argparse.ArgumentTypeError(f"must be {named}, got {text!r}")
+        return value
+
+    convert.__name__ = "int"
+    return convert
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def add_hub_args(p: argparse.ArgumentParser) -> None:
@@ -209,9 +279,10 @@ def load_target(args: argparse.Namespace):
     from hf2q_py.distributed import launched_group
 
     group = launched_group()
+    options = {**load_options(args), **kv_options(args)}
     if group is None:
-        return hf2q_py.load(args.model, dtype=args.dtype, **load_options(args))
-    return hf2q_py.load(args.model, dtype=args.dtype, group=group, shard=args.shard, **load_options(args))
+        return hf2q_py.load(args.model, dtype=args.dtype, **options)
+    return hf2q_py.load(args.model, dtype=args.dtype, group=group, shard=args.shard, **options)
 
 
 def sharding_fields(target) -> dict:
@@ -710,6 +781,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if path:
             check_writable(path, what)
     parse_dtype(args.dtype)
+    kv_options(args)
     check_source(args.model, offline=args.offline)
     target = load_target(args)
     load_drafts(methods, args.dtype, **load_options(args))
@@ -721,7 +793,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     header = (
         f"hf2q-py bench, {timestamp()}: model {target.source}, dtype {args.dtype}, "
         f"max_tokens {args.max_tokens}, repeats {args.repeats}, temperature {args.temp}, "
-        f"OpenBLAS {hf2q_py.openblas_status().state}{ranks_note(target)}\n"
+        f"OpenBLAS {hf2q_py.openblas_status().state}{ranks_note(target)}{kv_note(target)}\n"
     )
     print(header)
     print(table)
@@ -753,6 +825,7 @@ def write_bench_results(args: argparse.Namespace, target, rows) -> None:
         temperature=args.temp,
         openblas=hf2q_py.openblas_status().state,
         **sharding_fields(target),
+        **kv_fields(target),
     )
     notes = (
         f"Model {Path(str(target.source)).name}, dtype {args.dtype}, at most {args.max_tokens} new tokens, "
@@ -784,6 +857,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         **sampling_options(args),
     )
     parse_dtype(args.dtype)
+    kv_options(args)
     check_source(args.model, offline=args.offline)
     check_sources([spec], args.offline)
     target = load_target(args)
@@ -912,6 +986,20 @@ def parse_ab_methods(args: argparse.Namespace) -> tuple[list, list[str]]:
     return methods, engines
 
 
+def check_ab_kv(args: argparse.Namespace, methods: list, engines: list[str]) -> None:
+    """With --kv-bits, ab compares hf2q-py's methods with plain decoding at the
+    same KV storage; other engines and recorded outputs decode at full precision."""
+    if args.kv_bits is None:
+        return
+    others = [*engines, *(m.label for m in methods if m.label.startswith(MLX_LM_DRAFT))]
+    others += ["--reference"] if args.reference else []
+    if others:
+        raise Hf2qError(
+            f"--kv-bits compares hf2q-py's methods with plain decoding on the same quantized KV cache; "
+            f"{', '.join(others)} decode with full-precision KV: drop {'them' if len(others) > 1 else 'it'}"
+        )
+
+
 def check_ab_outputs(args: argparse.Namespace) -> None:
     """Output files writable, and distinct from the reference read, before the run."""
     both = args.record is not None and args.reference is not None
@@ -938,7 +1026,7 @@ def ab_cases(args: argparse.Namespace, target, prompts: list[str], references: l
 
 
 def cmd_ab(args: argparse.Namespace) -> int:
-    from hf2q_py.tools.ab import record_lines, run_ab, summary, table
+    from hf2q_py.tools.ab import kv_summary, kv_table, record_lines, run_ab, summary, table
     from hf2q_py.tools.ab_reference import write_references
     from hf2q_py.generation import make_config
     from hf2q_py.loaders import check_source
@@ -946,12 +1034,14 @@ def cmd_ab(args: argparse.Namespace) -> int:
     from hf2q_py.tools.engines import check_engine
 
     methods, engines = parse_ab_methods(args)
+    check_ab_kv(args, methods, engines)
     for m in methods:  # every option is checked before the model loads
         make_config(max_tokens=args.max_tokens or 128, **m.options)
     references = read_ab_references(args)
     prompts = read_ab_prompts(args) if references is None else []
     check_ab_outputs(args)
     parse_dtype(args.dtype)
+    kv_options(args)
     check_source(args.model, offline=args.offline)
     check_sources(methods, args.offline)
     for name in engines:
@@ -980,11 +1070,15 @@ def cmd_ab(args: argparse.Namespace) -> int:
     if not report.results:
         return 0  # recording only
     text, line = table(report.results), summary(report)
+    if report.kv_effects:
+        text += "\n\n" + kv_table(report.kv_effects)
+        line += "\n" + kv_summary(report.kv_effects)
     if args.json:
         noise = report.noise.__dict__ if report.noise is not None else None
         counts = {v: report.count(v) for v in ("identical", "near-tie", "MISMATCH")}
         results = [r.to_dict() for r in report.results]
-        print(json.dumps({"noise": noise, "counts": counts, "results": results}))
+        effects = [e.to_dict() for e in report.kv_effects]
+        print(json.dumps({"noise": noise, "counts": counts, "results": results, "kv_effects": effects}))
     else:
         print(text)
         print()
@@ -1041,6 +1135,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_float("temp", args.temp, 0.0, 2.0)
     key = api_key(args)
     parse_dtype(args.dtype)
+    kv_options(args)
     check_source(args.model, offline=args.offline)
     served = MethodSpec("served", {"method": "draft", **files})
     check_sources([spec, served], args.offline)
@@ -1079,6 +1174,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"hf2q-py serve: {name} ({spec.label}) at {url}/v1", flush=True)
 
     return serve(target, config, sock=sock, access_log=args.access_log, announce=announce)
+
+
+def kv_note(target) -> str:
+    return f", {target.kv.describe()}" if target.kv.quantized else ""
+
+
+def kv_fields(target) -> dict:
+    """``kv_bits``, ``kv_group_size`` and ``quantized_kv_start`` for results files."""
+    kv = target.kv
+    return {"kv_bits": kv.bits, "kv_group_size": kv.group_size if kv.quantized else None,
+            "quantized_kv_start": kv.start if kv.quantized else None}  # fmt: skip
 
 
 def ranks_note(target) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from ..kv import FULL_PRECISION
 from ..memory import DraftMemory
 from ..target import Forward, Kept
 
@@ -34,6 +35,7 @@ class RecordedTarget:
 
     prompt_cache = None
     sharding = None
+    kv = FULL_PRECISION  # a recorded stream has no caches
 
     def __init__(
         self,
@@ -52,7 +54,7 @@ class RecordedTarget:
         self.kept = kept if kept is not None else Kept()
         self.vocab_size = max(self.stream) + 1
 
-    def runtime(self, slack: int = 0, rollback: int | None = None) -> RecordedRuntime:
+    def runtime(self, slack: int = 0, rollback: int | None = None, kv: Any = None) -> RecordedRuntime:
         return RecordedRuntime(self)
 
 
