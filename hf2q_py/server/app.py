@@ -38,7 +38,8 @@ from .protocol import (
     speculation,
 )
 from .logprobs import LogprobWriter
-from .tool_calls import ToolCall, ToolUse, quoted_views, split_answer, tool_use
+from .call_split import AnswerSplitter, split_answer
+from .tool_calls import ToolCall, ToolUse, quoted_views, tool_use
 from .worker import Busy, Failed, Finished, Job, Piece, Worker
 
 log = logging.getLogger("hf2q_py.server")
@@ -261,7 +262,7 @@ class Service:
         if isinstance(first, Failed):
             return error_response(first)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        splitter = use.splitter() if use is not None else None
+        splitter = AnswerSplitter(use) if use is not None else None
         call_index = itertools.count()
         writer = LogprobWriter(self.target.tokenizer, shape.chat) if job.config.logprobs is not None else None
         held: list = []  # log-probabilities of tokens whose text is not out yet (held by the splitter)
