@@ -36,11 +36,13 @@ log = logging.getLogger("hf2q_py.server")
 @dataclass
 class Piece:
     """Text decoded in one round, the tokens behind it and their
-    log-probabilities (when the request asked for them)."""
+    log-probabilities (when the request asked for them); ``stop``: the stop
+    string that ended the text."""
 
     text: str
     tokens: list[int]
     logprobs: list[TokenLogprob] | None = None
+    stop: str | None = None
 
 
 @dataclass
@@ -105,7 +107,7 @@ class JobSink:
         self.job, self.ended = job, ended
 
     def chunk(self, chunk: GenerationChunk) -> None:
-        self.job.emit(Piece(chunk.text, chunk.tokens, chunk.logprobs))
+        self.job.emit(Piece(chunk.text, chunk.tokens, chunk.logprobs, chunk.stop))
 
     def done(self, stats: GenerationStats, error: Hf2qError | None = None) -> None:
         self.ended()
@@ -272,7 +274,7 @@ class Worker:
             stream = stream_generate(self.target, job.ids, config=job.config, stats=stats)
             try:
                 for chunk in stream:
-                    job.emit(Piece(chunk.text, chunk.tokens, chunk.logprobs))
+                    job.emit(Piece(chunk.text, chunk.tokens, chunk.logprobs, chunk.stop))
                     if not self._going_on(job):
                         break
             finally:
