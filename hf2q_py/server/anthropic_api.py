@@ -80,10 +80,11 @@ async def messages(engine: Engine, model: str, req: MessagesRequest, request: Re
         return StreamingResponse(
             _stream(events, shape, prep), media_type="text/event-stream", headers=SSE_HEADERS
         )
-    return await _whole(engine.answer(prep, job, request), shape, prep)
+    tokens = bool(req.hf2q is not None and req.hf2q.return_tokens)
+    return await _whole(engine.answer(prep, job, request), shape, prep, tokens)
 
 
-async def _whole(events: AsyncIterator[Event], shape: MessageShape, prep: Prepared) -> Response:
+async def _whole(events: AsyncIterator[Event], shape: MessageShape, prep: Prepared, tokens: bool) -> Response:
     content: list[dict[str, Any]] = []
     try:
         async for event in events:
@@ -105,6 +106,8 @@ async def _whole(events: AsyncIterator[Event], shape: MessageShape, prep: Prepar
                     content, STOP_REASONS[event.finish], event.stop_sequence, usage(event.stats)
                 )
                 body["hf2q"] = speculation(event.stats, prep.label)
+                if tokens:
+                    body["hf2q"]["tokens"] = event.tokens
                 return JSONResponse(body)
     finally:
         await events.aclose()

@@ -23,7 +23,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ..errors import Hf2qError
 from ..stats import GenerationStats
@@ -54,17 +54,26 @@ class AnthropicTool(_Loose):
     tools (a ``type`` such as ``web_search_20250305``) are accepted and not
     shown to the model, which cannot run them."""
 
+    type: str | None = None
     name: str = Field(pattern=TOOL_NAME)
     description: str | None = None
     input_schema: dict[str, Any] | None = None
-    type: str | None = None
+
+    @field_validator("input_schema")
+    @classmethod
+    def _schema(cls, value: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
+        if (
+            value is not None
+            and info.data.get("type") in (None, "custom")
+            and (problem := schema_problem(value))
+        ):
+            raise ValueError(problem)
+        return value
 
     @model_validator(mode="after")
-    def _schema(self) -> AnthropicTool:
-        if self.custom:
-            problem = "required" if self.input_schema is None else schema_problem(self.input_schema)
-            if problem:
-                raise ValueError(f"input_schema: {problem}")
+    def _required(self) -> AnthropicTool:
+        if self.custom and self.input_schema is None:
+            raise ValueError("input_schema: required for a custom tool")
         return self
 
     @property
