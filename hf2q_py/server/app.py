@@ -90,14 +90,18 @@ def create_app(worker: Worker, config: ServerConfig) -> Any:
 
     @app.get("/v1/models")
     async def models() -> dict:
+        """The one model, in OpenAI's list shape with Anthropic's fields beside."""
         card = {
             "id": name,
             "object": "model",
             "created": 0,
             "owned_by": "hf2q-py",
             "max_model_len": engine.context,
+            "type": "model",
+            "display_name": name,
+            "created_at": "1970-01-01T00:00:00Z",
         }
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [card], "has_more": False, "first_id": name, "last_id": name}
 
     @app.get("/health")
     async def health() -> dict:
