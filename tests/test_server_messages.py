@@ -195,6 +195,11 @@ def test_a_stop_sequence_ends_the_answer_and_is_named(keyed, plain):
     assert r.choices[0].message.content == "Hello there" and r.choices[0].finish_reason == "stop"
 
 
+def test_a_last_assistant_message_is_the_start_the_answer_continues(keyed):
+    m = say(keyed, [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}], 2)
+    assert blocks(m) == [("text", " there, friend")]  # the model's words after "Hello"
+
+
 def test_a_max_tokens_past_the_context_is_cut_to_what_it_leaves_on_both_apis(keyed, plain):
     hi = [{"role": "user", "content": "Hi"}]
     m = say(keyed, hi, 128000)
