@@ -229,7 +229,7 @@ class _Region:
             if self.end and not self.in_str:
                 if p.startswith(self.end, i):
                     return self._ended(p, i, out)
-                if self.end.startswith(p[i:]):
+                if len(p) - i < len(self.end) and self.end.startswith(p[i:]):
                     break  # perhaps the end marker: wait
             step = getattr(self, f"_{self.state}")(p, i, out)
             if step == 0:
@@ -332,7 +332,7 @@ class _Region:
         for mark in (PYTHON_TAG, MISTRAL_CALLS) if self.header else (PYTHON_TAG,):
             if p.startswith(mark, i):
                 return len(mark)
-            if c == mark[0] and mark.startswith(p[i:]):
+            if c == mark[0] and len(p) - i < len(mark) and mark.startswith(p[i:]):
                 return 0  # perhaps the mark: wait
         if c.isspace() or c in ",;[]":
             return 1
@@ -449,7 +449,7 @@ class _Region:
             self.name, self.state = (name, "hvalue") if ok else (None, "opaque")
             return len(MISTRAL_ARGS) if ok else 0
         c = p[i]
-        if MISTRAL_ARGS.startswith(p[i:]):
+        if len(p) - i < len(MISTRAL_ARGS) and MISTRAL_ARGS.startswith(p[i:]):
             return 0
         if c.isalnum() or c in "_-" or c.isspace():
             self.buf += c
