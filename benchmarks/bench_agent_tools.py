@@ -40,7 +40,8 @@ from bench_server import export_target, served_name, start, stop  # noqa: E402
 from qwen_gguf import qwen_coder_gguf  # noqa: E402
 
 from hf2q_py.errors import Hf2qError, run_script  # noqa: E402
-from hf2q_py.server.tool_calls import ToolUse, split_answer  # noqa: E402
+from hf2q_py.server.call_split import split_answer  # noqa: E402
+from hf2q_py.server.tool_calls import ToolUse  # noqa: E402
 from hf2q_py.tools import results  # noqa: E402
 from hf2q_py.tools.files import check_writable  # noqa: E402
 

@@ -40,12 +40,14 @@ _KV_OPTIONS = ("kv_bits", "kv_group_size", "quantized_kv_start")
 @dataclass
 class GenerationChunk:
     """One streamed piece: new ``text`` and the ``tokens`` behind it, with
-    their log-probabilities when asked for (``logprobs``)."""
+    their log-probabilities when asked for (``logprobs``); ``stop``: the
+    stop string that ended the text (on the chunk it ended)."""
 
     text: str
     tokens: list[int]
     stats: GenerationStats
     logprobs: list[TokenLogprob] | None = None
+    stop: str | None = None
 
 
 def encode_prompt(target: Target, prompt: str | Sequence[int], chat_template: bool = True) -> list[int]:
@@ -78,13 +80,15 @@ def encode_messages(
     *,
     tools: Sequence[dict[str, Any]] | None = None,
     prefix: str = "",
+    template_options: dict[str, Any] | None = None,
 ) -> list[int]:
     """Token ids for a conversation (``{"role": ..., "content": ...}`` dicts,
     roles system, user, assistant and, with tools, tool; an assistant message
     may carry ``tool_calls``) through the model's chat template, ending with
     the prompt for the assistant's next turn. ``tools`` (OpenAI function
     definitions) go to the template; ``prefix`` is text the answer is made to
-    start with, after the generation prompt."""
+    start with, after the generation prompt; ``template_options`` are more
+    variables for the template (such as ``enable_thinking``)."""
     tok = _tokenizer(target)
     if not getattr(tok, "has_chat_template", False):
         raise Hf2qError("this model has no chat template: send the prompt as raw text (a text completion)")
@@ -96,7 +100,7 @@ def encode_messages(
             )
     if tools:
         check_unicode(json.dumps(list(tools), ensure_ascii=False), "tools")
-    extra = {"tools": list(tools)} if tools else {}
+    extra = {**(template_options or {}), **({"tools": list(tools)} if tools else {})}
     try:
         if prefix:
             text = tok.apply_chat_template(
@@ -231,6 +235,7 @@ class Chunker:
         piece, tokens, self.stopped = self.text.feed(new)
         if self.stopped:
             self.stats.generated_tokens, self.stats.finish_reason = self.sent + len(tokens), "stop"
+            return self._chunk(piece, tokens, self.text.matched)
         return self._chunk(piece, tokens)
 
     def finish(self) -> GenerationChunk | None:
@@ -240,10 +245,10 @@ class Chunker:
         piece, tokens = self.text.finish()
         return self._chunk(piece, tokens) if piece or tokens else None
 
-    def _chunk(self, piece: str, tokens: list[int]) -> GenerationChunk:
+    def _chunk(self, piece: str, tokens: list[int], stop: str | None = None) -> GenerationChunk:
         self.sent += len(tokens)
         lps = [self.pending.popleft() for _ in tokens] if self.keep_logprobs else None
-        return GenerationChunk(piece, tokens, self.stats, lps)
+        return GenerationChunk(piece, tokens, self.stats, lps, stop)
 
 
 class StopText:
@@ -267,6 +272,7 @@ class StopText:
         self.text = ""  # the text from character ``sent`` on
         self.sent = 0  # characters given out
         self.pending: list[tuple[int, int]] = []  # (token, where its text ends) not given out
+        self.matched: str | None = None  # the stop string that ended the text
 
     @property
     def end(self) -> int:
@@ -294,9 +300,12 @@ class StopText:
 
     def _find_stop(self) -> int | None:
         """Where the first stop string begins (stop strings end in new text:
-        they begin at or after what was given out)."""
-        hits = [i for i in (self.text.find(s) for s in self.stops) if i >= 0]
-        return self.sent + min(hits) if hits else None
+        they begin at or after what was given out); ``matched`` names it."""
+        hits = [(i, s) for s in self.stops if (i := self.text.find(s)) >= 0]
+        if not hits:
+            return None
+        at, self.matched = min(hits, key=lambda h: h[0])
+        return self.sent + at
 
     def _take(self, limit: int) -> tuple[str, list[int]]:
         """The pending tokens whose text ends by ``limit``, and that text."""

@@ -335,11 +335,13 @@ def test_a_bad_method_spec_is_a_400_naming_the_problem(server, method, says):
 
 
 # -- limits and bad input --------------------------------------------------------
-def test_a_prompt_past_the_context_is_refused(server):
+def test_a_prompt_past_the_context_is_refused_and_a_large_max_tokens_is_cut_to_the_room_left(server):
     status, err = server.post("/v1/completions", {"model": MODEL, "prompt": "word " * 2100, "max_tokens": 4})
     assert status == 400 and err["error"]["code"] == "context_length_exceeded"
-    status, err = server.post("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 4000})
-    assert status == 400 and "max_tokens" in err["error"]["message"]
+    assert err["error"]["message"].startswith("prompt is too long")
+    body = {"model": MODEL, "messages": user("What is the capital of France?"), "max_tokens": 32768}
+    status, out = server.post("/v1/chat/completions", body)  # the context holds 2048: cut, not refused
+    assert status == 200 and "Paris" in out["choices"][0]["message"]["content"]
 
 
 def test_an_oversized_body_gets_a_413_the_client_can_read(server):

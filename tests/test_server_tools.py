@@ -95,18 +95,35 @@ def test_the_models_calls_come_back_as_tool_calls_with_the_text_before_them(clie
     assert len(set(ids)) == 2 and all(c.type == "function" for c in choice.message.tool_calls)
 
 
-def test_streamed_calls_arrive_as_tool_call_deltas_equal_to_the_whole_answer(client):
-    chunks = list(ask(client, tools=TOOLS, stream=True))
+def streamed_calls(chunks) -> list[tuple[str, str, str, list[str]]]:
+    """A stream's calls by index: (id, name, the arguments joined, each arguments delta)."""
+    calls: dict[int, list] = {}
+    for c in chunks:
+        for tc in (c.choices[0].delta.tool_calls or []) if c.choices else []:
+            if tc.id:  # a call's first delta: its id, type and name
+                assert tc.type == "function" and tc.index not in calls
+                calls[tc.index] = [tc.id, tc.function.name, "", []]
+            if tc.function.arguments:
+                calls[tc.index][2] += tc.function.arguments
+                calls[tc.index][3].append(tc.function.arguments)
+    assert sorted(calls) == list(range(len(calls)))
+    return [tuple(calls[i]) for i in sorted(calls)]
+
+
+def test_streamed_calls_arrive_as_they_are_written_and_equal_the_whole_answer(client):
+    plain = {"hf2q": {"method": "baseline"}}  # a token a round (speculation may write a call in one round)
+    chunks = list(ask(client, tools=TOOLS, stream=True, extra_body=plain))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     content = "".join(d.content or "" for d in deltas)
-    streamed = [tc for d in deltas for tc in d.tool_calls or []]
+    streamed = streamed_calls(chunks)
     assert content == "Let me check."
-    assert [tc.index for tc in streamed] == [0, 1]
-    assert [(tc.function.name, json.loads(tc.function.arguments)) for tc in streamed] == [
+    assert [(name, json.loads(args)) for _, name, args, _ in streamed] == [
         ("get_weather", WEATHER),
         ("get_time", {"zone": "CET"}),
     ]
-    assert all(tc.id and tc.type == "function" for tc in streamed)
+    # The model writes the first call's arguments in two tokens: they come as two deltas.
+    assert streamed[0][3] == ['{"city": "Paris", ', '"unit": "celsius"}']
+    assert len({cid for cid, *_ in streamed}) == 2
     finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finish == ["tool_calls"]
     assert not any("<tool_call>" in (d.content or "") for d in deltas)  # never leaked as text
@@ -171,15 +188,8 @@ def test_a_fenced_json_call_naming_a_tool_is_a_tool_call(tmp_path):
         whole = ask(c, tools=TOOLS).choices[0]
         assert whole.message.content == "I will look that up."
         assert calls_of(whole.message) == [("get_weather", {"city": "Oslo"})]
-        streamed = [
-            tc
-            for ch in ask(c, tools=TOOLS, stream=True)
-            if ch.choices
-            for tc in ch.choices[0].delta.tool_calls or []
-        ]
-        assert [(t.function.name, json.loads(t.function.arguments)) for t in streamed] == calls_of(
-            whole.message
-        )
+        streamed = streamed_calls(ask(c, tools=TOOLS, stream=True))
+        assert [(name, json.loads(args)) for _, name, args, _ in streamed] == calls_of(whole.message)
         renamed = [{**TOOLS[1]}]  # get_weather is not a tool of this request: the block stays text
         plain = ask(c, tools=renamed).choices[0]
         assert plain.message.tool_calls is None and "```json" in plain.message.content
@@ -190,6 +200,10 @@ HOSTILE_TOOLS = [
     ({"tools": [{"type": "function", "function": {"description": "nameless"}}]}, "tools.0.function.name"),
     ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools.0.function.name"),
     ({"tools": [{"type": "retrieval"}]}, "tools.0"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+     'tools.0.function.parameters: the type must be "object"'),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"properties": ["x"]}}}]},
+     "tools.0.function.parameters: properties must be an object of schemas"),
     ({"tools": "get_weather"}, "tools"),
     ({"tools": [[]]}, "tools.0"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "rm"}}}, "tool_choice"),

@@ -38,6 +38,7 @@ def test_stop_strings_end_text_and_tokens_at_the_same_place():
             )
             assert "".join(c.text for c in chunks) == r.text
             assert [t for c in chunks for t in c.tokens] == r.tokens
+            assert [c.stop for c in chunks] == [None] * (len(chunks) - 1) + [stop]  # the last chunk names it
 
 
 @pytest.mark.parametrize("method", ["baseline", "ngram", "draft"])

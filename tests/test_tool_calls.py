@@ -17,7 +17,8 @@ from transformers import PreTrainedTokenizerFast
 from hf2q_py.constraints import ConstraintSpec
 from hf2q_py.errors import Hf2qError
 from hf2q_py.server.protocol import ChatRequest, CompletionRequest, Shape, response_constraint
-from hf2q_py.server.tool_calls import AnswerSplitter, ToolCall, split_answer, tool_format, tool_use
+from hf2q_py.server.call_split import AnswerSplitter, split_answer
+from hf2q_py.server.tool_calls import ToolCall, tool_format, tool_use
 from hf2q_py.stats import GenerationStats
 
 

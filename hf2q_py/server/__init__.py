@@ -1,10 +1,17 @@
-"""``hf2q-py serve``: an OpenAI-compatible HTTP server over one Target.
+"""``hf2q-py serve``: an HTTP server over one Target speaking OpenAI's chat and
+text completions and Anthropic's Messages API, one engine under them.
 
-protocol.py  OpenAI's request models (pydantic) and response bodies
-worker.py    the one owner of the model: jobs, one at a time, cancellable
-app.py       the routes, the error contract, body limit and API key
-metrics.py   Prometheus metrics
-main.py      binding the port, the HTTP thread, signals
+conversation.py        the neutral request (Conversation) and the prompt's making
+engine.py              a conversation to a worker job, its output to neutral events
+events.py              the events and the pipeline (reasoning split -> tool split)
+call_split.py          content and tool calls as they are written
+tool_calls.py          tool-call formats, tool_choice, whole-call parsing
+openai_api.py          OpenAI's chat and text completions (protocol.py: its models)
+anthropic_api.py       Anthropic's Messages API (anthropic_protocol.py: its models)
+worker.py              the one owner of the model: jobs batched by a scheduler, cancellable
+app.py, guard.py       the routes, errors in each API's envelope, body limit and API key
+metrics.py             Prometheus metrics
+main.py                binding the port, the HTTP thread, signals
 """
 
 from __future__ import annotations

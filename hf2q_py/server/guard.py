@@ -1,7 +1,9 @@
 """The server's outer layer, as pure ASGI middleware: each request's body is
 read whole (at most the limit) before anything answers, so a 413 or a 401
 reaches the client instead of a reset connection; then the API key is
-checked; every response is counted by endpoint and status."""
+checked (``Authorization: Bearer KEY``, or Anthropic's ``x-api-key: KEY``);
+every response is counted by endpoint and status. Refusals are in the
+envelope of the API the path belongs to (:func:`api_of`)."""
 
 from __future__ import annotations
 
@@ -9,12 +11,25 @@ import hmac
 import json
 from typing import Any
 
+from . import anthropic_protocol
 from .metrics import Metrics
 from .protocol import ERROR_TYPES, error_body
 
 #: A body past the limit is still read (and dropped) up to this many times the
 #: limit, so the client can read the 413; past that the connection is closed.
 DRAIN_FACTOR = 16
+
+
+def api_of(path: str) -> str:
+    """The API a path belongs to: ``anthropic`` (``/v1/messages`` and below) or ``openai``."""
+    return "anthropic" if path == "/v1/messages" or path.startswith("/v1/messages/") else "openai"
+
+
+def refusal_body(path: str, status: int, message: str) -> dict:
+    """An error body in the envelope of the path's API."""
+    if api_of(path) == "anthropic":
+        return anthropic_protocol.error_body(message, status)
+    return error_body(message, ERROR_TYPES[status], None)
 
 
 class Guard:
@@ -36,12 +51,12 @@ class Guard:
 
         try:
             body = await self._read_body(scope, receive)
+            path = scope.get("path", "")
             if body is None:  # too large
-                return await self._refuse(counted_send, 413, self._too_large(), close=True)
+                return await self._refuse(counted_send, path, 413, self._too_large(), close=True)
             if not self._authorized(scope):
-                return await self._refuse(
-                    counted_send, 401, "missing or wrong API key (Authorization: Bearer KEY)"
-                )
+                message = "missing or wrong API key (Authorization: Bearer KEY, or x-api-key: KEY)"
+                return await self._refuse(counted_send, path, 401, message)
             await self.app(scope, _replay(body, receive), counted_send)
         except _Disconnected:
             status["code"] = 499
@@ -74,11 +89,13 @@ class Guard:
         key = self.api_key
         if key is None or scope.get("path") == "/health":
             return True
-        given = dict(scope.get("headers") or []).get(b"authorization", b"")
-        return hmac.compare_digest(given, b"Bearer " + key.encode())
+        headers = dict(scope.get("headers") or [])
+        bearer = hmac.compare_digest(headers.get(b"authorization", b""), b"Bearer " + key.encode())
+        x_api_key = hmac.compare_digest(headers.get(b"x-api-key", b""), key.encode())
+        return bearer or x_api_key
 
-    async def _refuse(self, send, status: int, message: str, close: bool = False):
-        body = json.dumps(error_body(message, ERROR_TYPES[status], None)).encode()
+    async def _refuse(self, send, path: str, status: int, message: str, close: bool = False):
+        body = json.dumps(refusal_body(path, status, message)).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         if status == 401:
             headers.append((b"www-authenticate", b"Bearer"))

@@ -21,6 +21,7 @@ from ..config import MAX_TOP_LOGPROBS
 from ..constraints import ConstraintSpec
 from ..errors import Hf2qError
 from ..stats import GenerationStats
+from .conversation import schema_problem
 from .tool_calls import ToolCall, history_arguments
 
 MAX_STOP_STRINGS = 16
@@ -82,6 +83,14 @@ class FunctionDef(_Strict):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        problem = schema_problem(value) if value is not None else None
+        if problem:
+            raise ValueError(problem)
+        return value
 
 
 class Tool(_Strict):
@@ -157,9 +166,9 @@ class _Request(_Strict):
             raise Hf2qError("stop: stop strings must not be empty")
         return stops
 
-    def sampling(self, default_temperature: float) -> dict[str, Any]:
+    def sampling(self) -> dict[str, Any]:
         """The ``SamplingConfig`` options the request sets."""
-        out: dict[str, Any] = {"temperature": default_temperature}
+        out: dict[str, Any] = {}
         for name in ("temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty"):
             value = getattr(self, name)
             if value is not None:
@@ -341,6 +350,11 @@ def finish_reason(stats: GenerationStats, called: bool) -> str:
     return "tool_calls" if called and reason == "stop" else reason
 
 
+def openai_finish(finish: str) -> str:
+    """OpenAI's finish reason for the engine's (a stop string: ``stop``)."""
+    return "stop" if finish == "stop_sequence" else finish
+
+
 def speculation(stats: GenerationStats, method: str) -> dict[str, Any]:
     """The ``hf2q`` extension field of a response: what speculation did."""
     return {
@@ -387,12 +401,18 @@ class Shape:
         return {"index": 0, "delta": body, "logprobs": None, "finish_reason": finish}
 
     def response(
-        self, text: str | None, stats: GenerationStats, method: str, calls: list[ToolCall] | None = None
+        self,
+        text: str | None,
+        stats: GenerationStats,
+        method: str,
+        calls: list[ToolCall] | None = None,
+        finish: str | None = None,
     ) -> dict[str, Any]:
         """The whole answer; with ``calls``, the message carries them (content
-        null when empty) and a finished answer's reason is ``tool_calls``."""
+        null when empty) and a finished answer's reason is ``tool_calls``
+        (``finish``, when given, is the reason)."""
         body = self._head("chat.completion" if self.chat else "text_completion")
-        choice = self._choice(text, finish_reason(stats, bool(calls)), delta=False)
+        choice = self._choice(text, finish or finish_reason(stats, bool(calls)), delta=False)
         if calls:
             choice["message"]["tool_calls"] = [c.openai() for c in calls]
         body["choices"] = [choice]
@@ -402,9 +422,15 @@ class Shape:
 
     def tool_chunk(self, call: ToolCall, index: int, *, with_usage: bool = False) -> dict[str, Any]:
         """A stream's delta carrying one whole tool call (the ``index``-th)."""
+        return self.call_chunk(call.openai(index), with_usage=with_usage)
+
+    def call_chunk(self, entry: dict[str, Any], *, with_usage: bool = False) -> dict[str, Any]:
+        """A stream's delta carrying part of a tool call: its start (``index``,
+        ``id``, ``type``, ``function.name``) or more of its ``function.arguments``."""
         body = self._head("chat.completion.chunk")
-        delta = {"tool_calls": [call.openai(index)]}
-        body["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]
+        body["choices"] = [
+            {"index": 0, "delta": {"tool_calls": [entry]}, "logprobs": None, "finish_reason": None}
+        ]
         if with_usage:
             body["usage"] = None
         return body

@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic_core import from_json
+
 from ..errors import Hf2qError, one_line
 
 #: A parser as mlx-lm's: the text between the markers, and the request's tools
@@ -38,9 +40,14 @@ PYTHON_TAG = "<|python_tag|>"
 
 @dataclass(frozen=True)
 class ToolCall:
+    """One call: the function's name and its arguments as JSON text, as the
+    model wrote them (``complete`` False: the text is not a whole JSON
+    object, as when ``max_tokens`` cut the call short)."""
+
     name: str
     arguments: str  # JSON text
     id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+    complete: bool = True
 
     def openai(self, index: int | None = None) -> dict[str, Any]:
         """OpenAI's ``tool_calls`` entry (with ``index`` in a stream's delta)."""
@@ -50,6 +57,15 @@ class ToolCall:
             "function": {"name": self.name, "arguments": self.arguments},
         }
         return body if index is None else {"index": index, **body}
+
+    def input(self) -> dict[str, Any]:
+        """The arguments as an object; of arguments cut short, what they hold
+        so far (read as partial JSON); ``{}`` when nothing reads."""
+        try:
+            value = from_json(self.arguments, allow_partial="trailing-strings")
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
 
 
 @dataclass(frozen=True)
@@ -140,18 +156,21 @@ class ToolUse:
     format: ToolFormat | None
     prefix: str = ""
     parallel: bool = True
-
-    def splitter(self) -> AnswerSplitter:
-        return AnswerSplitter(self)
+    id_prefix: str = "call_"
 
     def new_id(self) -> str:
+        """A new call id: ``id_prefix`` and 24 hex digits (Mistral's templates: 9 letters and digits)."""
         if self.format is not None and self.format.mistral_ids:
             return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
-        return f"call_{uuid.uuid4().hex[:24]}"
+        return f"{self.id_prefix}{uuid.uuid4().hex[:24]}"
 
 
 def tool_use(
-    tokenizer: Any, tools: list[dict[str, Any]] | None, choice: str | dict | None, parallel: bool = True
+    tokenizer: Any,
+    tools: list[dict[str, Any]] | None,
+    choice: str | dict | None,
+    parallel: bool = True,
+    id_prefix: str = "call_",
 ) -> ToolUse | None:
     """The request's use of tools, or None (no tools, or ``tool_choice: none``:
     the prompt is rendered without tools and the answer is plain text).
@@ -186,7 +205,7 @@ def tool_use(
                 f"tool_choice: {label} is not supported for this model's tool-call format ({kind}); use auto"
             )
         prefix = opening
-    return ToolUse(list(tools), names, fmt, prefix, parallel)
+    return ToolUse(list(tools), names, fmt, prefix, parallel, id_prefix)
 
 
 #: Whether each chat template renders tools, by template text.
@@ -221,157 +240,46 @@ def renders_tools(tokenizer: Any) -> bool:
     return _RENDERS_TOOLS[template]
 
 
-# -- the answer's side -----------------------------------------------------------------------
-Piece = str | ToolCall  # content text, or one call
+# -- reading calls ---------------------------------------------------------------------------
+def parse_calls(use: ToolUse, text: str, kind: str) -> list[ToolCall] | None:
+    """The whole calls in ``text``, or None when it does not read as calls.
+    ``kind``: ``marker`` (the text between the format's markers, read by its
+    parser), ``fence`` or ``bare`` (JSON calls naming one of the tools)."""
+    try:
+        if kind == "marker":
+            found = as_calls(use.format.parse(text, use.tools))
+        else:
+            found = named_json_calls(text.strip().removeprefix(PYTHON_TAG), use.names)
+    except Exception:  # noqa: BLE001 - unreadable tool text is content, never a failure
+        return None
+    if not found:
+        return None
+    try:
+        return [
+            ToolCall(
+                c["name"], json.dumps(call_arguments(c), ensure_ascii=False), _given_id(c) or use.new_id()
+            )
+            for c in found
+        ]
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
-class AnswerSplitter:
-    """Splits an answer, as its text streams in, into content and tool calls.
-
-    Content is given out as soon as no call can begin in it; from where a
-    call may begin (a marker, or a prefix of one; a fenced JSON block; a
-    JSON value opening the answer), text is held until the call ends and is
-    read: a call that reads becomes a ``ToolCall``, one that does not is
-    given out as content. Whitespace between calls is dropped. ``feed`` and
-    ``finish`` give the same pieces however the text was cut.
-    """
-
-    def __init__(self, use: ToolUse):
-        self.use = use
-        fmt = use.format
-        self.start = fmt.start if fmt is not None else ""
-        self.end = fmt.end if fmt is not None else ""
-        self.buf = use.prefix
-        self.mode = "text"  # "text", "call" (after start), "fence" (after ```json), "bare" (JSON answer)
-        self.opened = False  # anything (content or a call) given out yet
-        self.space = ""  # whitespace held back: dropped if a call follows
-        self.calls = 0
-
-    # -- feeding -----------------------------------------------------------------
-    def feed(self, text: str) -> list[Piece]:
-        self.buf += text
-        out: list[Piece] = []
-        while self._step(out, final=False):
-            pass
-        return out
-
-    def finish(self) -> list[Piece]:
-        """What is left once the answer ended (an unended call is read as it is)."""
-        out: list[Piece] = []
-        while self._step(out, final=True):
-            pass
-        if self.mode != "text" and self.buf:
-            self._read(self.buf, out)
-        elif self.buf:
-            self._content(self.buf, out)
-        self.buf, self.mode = "", "text"
-        if self.space and not self.calls:
-            out.append(self.space)
-        self.space = ""
-        return out
-
-    def _step(self, out: list[Piece], final: bool) -> bool:
-        """One decision on the held text; False when more text is needed."""
-        if self.mode == "call":
-            if not self.end:
-                return False  # this format's call runs to the end of the answer
-            stop = self.buf.find(self.end, len(self.start))
-            if stop < 0:
-                return False
-            self._read(self.buf[: stop + len(self.end)], out)
-            self.buf, self.mode = self.buf[stop + len(self.end) :], "text"
-            return True
-        if self.mode == "fence":
-            stop = self.buf.find(FENCE_END, len(FENCE))
-            if stop < 0:
-                return False
-            self._read(self.buf[: stop + len(FENCE_END)], out)
-            self.buf, self.mode = self.buf[stop + len(FENCE_END) :], "text"
-            return True
-        if self.mode == "bare":
-            return False  # read at the end
-        if not self.opened and not self.calls:
-            head = (self.space + self.buf).lstrip()
-            own_marker = bool(self.start) and (head.startswith(self.start) or self.start.startswith(head))
-            if head.startswith(("{", "[", PYTHON_TAG)) and not own_marker:
-                self.buf, self.space, self.mode = self.space + self.buf, "", "bare"
-                return False
-            if not head:
-                self.space, self.buf = self.space + self.buf, ""
-                return False
-            if PYTHON_TAG.startswith(head) and not final:
-                return False  # perhaps Llama's tag opening a call: wait
-        markers = [m for m in (self.start, FENCE) if m]
-        hits = [(i, m) for m in markers if (i := self.buf.find(m)) >= 0]
-        if hits:
-            i, marker = min(hits)
-            self._content(self.buf[:i], out)
-            self.buf, self.mode = self.buf[i:], "call" if marker == self.start else "fence"
-            return True
-        keep = 0 if final else _partial_marker(self.buf, markers)
-        self._content(self.buf[: len(self.buf) - keep], out)
-        self.buf = self.buf[len(self.buf) - keep :]
-        return False
-
-    # -- giving out --------------------------------------------------------------
-    def _content(self, text: str, out: list[Piece]) -> None:
-        """Give out content; trailing whitespace is held (a call may follow)."""
-        body = text.rstrip()
-        if body:
-            out.append(self.space + body)
-            self.space, self.opened = "", True
-        self.space += text[len(body) :]
-
-    def _read(self, text: str, out: list[Piece]) -> None:
-        """A call's text: its calls, or (unreadable) the text as content."""
-        calls = self._parse(text)
-        if calls is None:
-            self._content(text, out)
-            return
-        self.space = ""
-        for c in calls:
-            if self.use.parallel or self.calls == 0:
-                out.append(c)
-                self.calls += 1
-
-    def _parse(self, text: str) -> list[ToolCall] | None:
-        try:
-            if self.mode == "fence":
-                inner = text[len(FENCE) :]
-                found = _named_json(
-                    inner[: -len(FENCE_END)] if inner.endswith(FENCE_END) else inner, self.use.names
-                )
-            elif self.mode == "bare":
-                found = _named_json(text.strip().removeprefix(PYTHON_TAG), self.use.names)
-            else:
-                inner = text[len(self.start) :]
-                if self.end and inner.endswith(self.end):
-                    inner = inner[: -len(self.end)]
-                found = _as_list(self.use.format.parse(inner, self.use.tools))
-        except Exception:  # noqa: BLE001 - unreadable tool text is content, never a failure
-            return None
-        if not found:
-            return None
-        try:
-            return [
-                ToolCall(c["name"], json.dumps(_arguments(c), ensure_ascii=False), self._id(c)) for c in found
-            ]
-        except (KeyError, TypeError, ValueError):
-            return None
-
-    def _id(self, call: dict) -> str:
-        given = call.get("id")
-        return given if isinstance(given, str) and given else self.use.new_id()
+def _given_id(call: dict) -> str:
+    given = call.get("id")
+    return given if isinstance(given, str) and given else ""
 
 
-def _as_list(parsed: Any) -> list[dict]:
+def as_calls(parsed: Any) -> list[dict]:
+    """A parser's result as a list of calls; raises if it is not one."""
     calls = parsed if isinstance(parsed, list) else [parsed]
     if not all(isinstance(c, dict) and isinstance(c.get("name"), str) and c["name"] for c in calls):
         raise ValueError("not a tool call")
     return calls
 
 
-def _arguments(call: dict) -> dict:
+def call_arguments(call: dict) -> dict:
+    """A parsed call's arguments as an object (given as one, or as its JSON text)."""
     args = call.get("arguments", call.get("parameters", {}))
     if isinstance(args, str):
         args = json.loads(args)
@@ -380,15 +288,15 @@ def _arguments(call: dict) -> dict:
     return args
 
 
-def _named_json(text: str, names: frozenset[str]) -> list[dict] | None:
+def named_json_calls(text: str, names: frozenset[str]) -> list[dict] | None:
     """JSON calls naming a tool: one object, a list of them, or objects one after
-    another (``;`` or whitespace between, as Llama 3.x writes several); None
-    when the text holds anything else."""
+    another (``;``, ``,`` or whitespace between, as Llama 3.x writes several;
+    the rest of a list); None when the text holds anything else."""
     decoder, calls, pos, text = json.JSONDecoder(), [], 0, text.strip()
     while pos < len(text):
         value, pos = decoder.raw_decode(text, pos)
         calls.extend(value if isinstance(value, list) else [value])
-        while pos < len(text) and (text[pos].isspace() or text[pos] == ";"):
+        while pos < len(text) and (text[pos].isspace() or text[pos] in ";,]"):
             pos += 1
     for c in calls:
         if not isinstance(c, dict) or c.get("name") not in names:
@@ -398,7 +306,7 @@ def _named_json(text: str, names: frozenset[str]) -> list[dict] | None:
     return calls or None
 
 
-def _partial_marker(text: str, markers: Sequence[str]) -> int:
+def partial_marker(text: str, markers: Sequence[str]) -> int:
     """The length of the longest end of ``text`` that begins a marker."""
     best = 0
     for m in markers:
@@ -407,14 +315,6 @@ def _partial_marker(text: str, markers: Sequence[str]) -> int:
                 best = n
                 break
     return best
-
-
-def split_answer(use: ToolUse, text: str) -> tuple[str | None, list[ToolCall]]:
-    """A whole answer's content (None when empty) and tool calls."""
-    splitter = use.splitter()
-    pieces = splitter.feed(text) + splitter.finish()
-    content = "".join(p for p in pieces if isinstance(p, str))
-    return (content or None), [p for p in pieces if isinstance(p, ToolCall)]
 
 
 # -- history for the chat template ---------------------------------------------------------------

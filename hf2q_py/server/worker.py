@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 from ..config import GenerationConfig
 from ..errors import Hf2qError, one_line
-from ..generation import GenerationChunk, stream_generate
+from ..generation import stream_generate
+from ..request import GenerationChunk
 from ..sampling import TokenLogprob
 from ..scheduler import Entry, Failure, Scheduler, SchedulerConfig
 from ..stats import GenerationStats
@@ -35,11 +36,13 @@ log = logging.getLogger("hf2q_py.server")
 @dataclass
 class Piece:
     """Text decoded in one round, the tokens behind it and their
-    log-probabilities (when the request asked for them)."""
+    log-probabilities (when the request asked for them); ``stop``: the stop
+    string that ended the text."""
 
     text: str
     tokens: list[int]
     logprobs: list[TokenLogprob] | None = None
+    stop: str | None = None
 
 
 @dataclass
@@ -112,7 +115,7 @@ class JobSink:
         self.job = job
 
     def chunk(self, chunk: GenerationChunk) -> None:
-        self.job.emit(Piece(chunk.text, chunk.tokens, chunk.logprobs))
+        self.job.emit(Piece(chunk.text, chunk.tokens, chunk.logprobs, chunk.stop))
 
     def done(self, stats: GenerationStats, error: Hf2qError | None = None) -> None:
         if error is None:
