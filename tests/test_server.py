@@ -338,8 +338,14 @@ def test_a_bad_method_spec_is_a_400_naming_the_problem(server, method, says):
 def test_a_prompt_past_the_context_is_refused(server):
     status, err = server.post("/v1/completions", {"model": MODEL, "prompt": "word " * 2100, "max_tokens": 4})
     assert status == 400 and err["error"]["code"] == "context_length_exceeded"
-    status, err = server.post("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 4000})
-    assert status == 400 and "max_tokens" in err["error"]["message"]
+
+
+def test_max_tokens_past_the_context_is_cut_to_what_the_context_leaves(server):
+    prompt = "word " * 2030  # 2031 tokens: 17 left of the 2048-token context
+    status, body = server.post("/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 32000})
+    assert status == 200, body
+    assert body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"] <= 2048
+    assert body["choices"][0]["finish_reason"] == "length"
 
 
 def test_an_oversized_body_gets_a_413_the_client_can_read(server):

@@ -147,22 +147,17 @@ class Service:
         return encode_prompt(self.target, req.prompt_input(), chat_template=False)
 
     def _budget(self, prompt_tokens: int, asked: int | None) -> int:
-        """The request's max_tokens: the asked number, or the server default
-        cut to the context; a prompt (with the asked tokens) past it is refused."""
+        """The request's max_tokens: the asked number (or the server default)
+        cut to what the context leaves after the prompt, as agent clients
+        that ask for more than any context holds expect; a prompt that
+        leaves no room is refused."""
         if self.context is not None and prompt_tokens >= self.context:
             raise ApiError(
                 400, f"the prompt has {prompt_tokens} tokens; this server's context holds {self.context}, "
                 "with room for at least one generated token", code="context_length_exceeded",
             )  # fmt: skip
-        if asked is None:
-            room = self.context - prompt_tokens if self.context is not None else self.config.max_tokens
-            return min(self.config.max_tokens, room)
-        if self.context is not None and prompt_tokens + asked > self.context:
-            raise ApiError(
-                400, f"the prompt ({prompt_tokens} tokens) and max_tokens ({asked}) exceed this server's "
-                f"context of {self.context} tokens", code="context_length_exceeded",
-            )  # fmt: skip
-        return asked
+        wanted = self.config.max_tokens if asked is None else asked
+        return wanted if self.context is None else min(wanted, self.context - prompt_tokens)
 
     def _method(self, req: ChatRequest | CompletionRequest) -> tuple[str, dict[str, Any]]:
         """The method spec (the request's, else the server's) with the server's models filled in."""
