@@ -88,11 +88,11 @@ class AgentClient:
         return json.loads(path.read_text())["version"]
 
     def setup(self, root: Path, base_url: str, model: str, note: str, prompt: str = PROMPT) -> Setup:
-        """Folders under ``root`` (a home, a working directory holding ``note.txt``
+        """Folders under ``root`` (a home, a temporary folder, a working directory holding ``note.txt``
         with ``note``) and the command line that runs one prompt against ``base_url``."""
-        home, workdir = root / "home", root / "work"
-        home.mkdir(parents=True, exist_ok=True)
-        workdir.mkdir(parents=True, exist_ok=True)
+        home, workdir, tmp = root / "home", root / "work", root / "tmp"
+        for folder in (home, workdir, tmp):
+            folder.mkdir(parents=True, exist_ok=True)
         (workdir / NOTE).write_text(note)
         env = {k: os.environ[k] for k in KEPT if k in os.environ}
         env.update(
@@ -101,6 +101,7 @@ class AgentClient:
             XDG_DATA_HOME=str(home / ".local" / "share"),
             XDG_STATE_HOME=str(home / ".local" / "state"),
             XDG_CACHE_HOME=str(home / ".cache"),
+            TMPDIR=str(tmp),  # Claude Code and Codex keep sockets and scratch folders there
             TERM="dumb",
             NO_COLOR="1",
         )
