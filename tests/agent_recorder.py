@@ -263,7 +263,8 @@ def _responses_events(model: str, text: str, call: Call | None) -> list[tuple[st
 
 # -- capture ------------------------------------------------------------------------------------
 def capture(client: AgentClient, root: Path = ROOT, timeout: float = 180) -> dict[str, Any]:
-    """Run ``client`` once against a recorder: its run, its requests, the addresses it tried."""
+    """Run ``client`` once against a recorder, in folders under ``root`` (removed
+    afterwards): its run, its requests, the addresses it tried."""
     shutil.rmtree(root, ignore_errors=True)
     workdir = root / "work"
     with Recorder(client.tool_call(workdir)) as rec:
@@ -275,7 +276,9 @@ def capture(client: AgentClient, root: Path = ROOT, timeout: float = 180) -> dic
         result = run(setup, timeout)
         time.sleep(0.5)  # a request still in flight as the client exits
         requests = list(rec.requests)
-    return {"run": result, "command": command, "requests": requests, "addresses": _addresses(trace)}
+    addresses = _addresses(trace)
+    shutil.rmtree(root, ignore_errors=True)
+    return {"run": result, "command": command, "requests": requests, "addresses": addresses}
 
 
 def _addresses(trace: Path) -> list[str]:
