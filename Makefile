@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 
 .PHONY: setup demo test lint bench
 
-$(BIN)/hf2q-py: pyproject.toml
+$(BIN)/hf2q-py: pyproject.toml tests/agents/package-lock.json
 	./scripts/setup.sh "$(PY)" "$(VENV)"
 
 setup: $(BIN)/hf2q-py

@@ -8,12 +8,19 @@ last token (the chat template's generation prompt ends with "\\n"), the model
 writes the pieces in order, then ends (EOS). Every piece must be distinct
 (a piece is a token, and a token has one successor). Served with
 ``hf2q-py serve --model FOLDER`` like any mlx-lm folder.
+
+``write_agent_folder`` builds the same kind of model on the built-in
+SmolLM2's real byte-level BPE tokenizer (so an agent's 7,000-15,000-token
+prompt keeps its size) with a context of 65,536: the model an agent CLI
+completes a session with (``tests/test_agent_clients.py``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
+from typing import Any
 
 import hf2q_py  # noqa: F401  first: OpenBLAS before mlx.core
 import mlx.core as mx
@@ -79,36 +86,46 @@ def write_scripted_folder(
         for a, b in zip([start, *chain], [*chain, EOS]):
             nxt[a] = index[b]
     folder.mkdir(parents=True, exist_ok=True)
-    _write_model(folder, size, {index[t]: n for t, n in nxt.items()})
+    _write_model(folder, size, {index[t]: n for t, n in nxt.items()}, index[EOS])
     _write_tokenizer(folder, vocab, template)
     return folder
 
 
-def _write_model(folder: Path, size: int, successor: dict[int, int]) -> None:
+def _write_model(
+    folder: Path, vocab_size: int, successor: dict[int, int], eos: int, context: int = 4096
+) -> None:
     """One llama layer that adds nothing (zero output projections): the
-    residual stream stays the one-hot embedding, and the head reads it."""
+    residual stream stays the embedding, a one-hot state per scripted token
+    (state 0 for every other token); the head maps each state to its token's
+    successor, state 0 to EOS."""
     from mlx.utils import tree_flatten
     from mlx_lm.utils import _get_classes
 
+    scripted = sorted(t for t, n in successor.items() if n != eos)
+    hidden = (len(scripted) + 1 + 31) // 32 * 32
     cfg = dict(
-        model_type="llama", hidden_size=size, num_hidden_layers=1, intermediate_size=32,
-        num_attention_heads=4, num_key_value_heads=2, vocab_size=size, rms_norm_eps=1e-5,
-        rope_theta=10000.0, tie_word_embeddings=False, max_position_embeddings=4096,
+        model_type="llama", hidden_size=hidden, num_hidden_layers=1, intermediate_size=32,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab_size, rms_norm_eps=1e-5,
+        rope_theta=10000.0, tie_word_embeddings=False, max_position_embeddings=context,
     )  # fmt: skip
     model_cls, args_cls = _get_classes(cfg)
     model = model_cls(args_cls.from_dict(cfg))
     weights = dict(tree_flatten(model.parameters()))
     for name, w in weights.items():
         weights[name] = mx.zeros(w.shape) if w.ndim == 2 else mx.ones(w.shape)
-    weights["model.embed_tokens.weight"] = mx.eye(size)
-    head = mx.zeros((size, size))
-    rows, cols = mx.array(list(successor.values())), mx.array(list(successor.keys()))
-    head[rows, cols] = 10.0
-    weights["lm_head.weight"] = head
+    tokens, states = mx.array(scripted), mx.arange(1, len(scripted) + 1)
+    embed = mx.zeros((vocab_size, hidden))
+    embed[:, 0] = 1.0
+    embed[tokens, 0] = 0.0
+    embed[tokens, states] = 1.0
+    head = mx.zeros((vocab_size, hidden))
+    head[eos, 0] = 10.0
+    head[mx.array([successor[t] for t in scripted]), states] = 10.0
+    weights["model.embed_tokens.weight"], weights["lm_head.weight"] = embed, head
     mx.save_safetensors(
         str(folder / "model.safetensors"), {k: v.astype(mx.float32) for k, v in weights.items()}
     )
-    (folder / "config.json").write_text(json.dumps({**cfg, "eos_token_id": 2}))
+    (folder / "config.json").write_text(json.dumps({**cfg, "eos_token_id": eos}))
 
 
 def _write_tokenizer(folder: Path, vocab: list[str], template: str) -> None:
@@ -128,3 +145,106 @@ def _write_tokenizer(folder: Path, vocab: list[str], template: str) -> None:
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+# -- the agent model: SmolLM2's BPE tokenizer, a long context ----------------------------------
+#: Qwen2.5's way with tools (tools in the system turn, calls in <tool_call> tags, results in
+#: <tool_response> tags of a user turn), every system message kept where it stands. The
+#: generation prompt ends in one of three tokens of SmolLM2's vocabulary, which the model
+#: answers in three ways: "\n\n" once the last message (system ones aside) is a tool result
+#: (the answer), "\n" when tools are given and the last user message names TRIGGER (the
+#: tool call), "\n\n\n" otherwise (a plain answer).
+AGENT_TEMPLATE = """{%- set ns = namespace(last="", asks=false) %}
+{%- for message in messages %}{% if message.role != "system" %}{% set ns.last = message.role %}{% endif %}
+{%- if message.role == "user" %}{% set ns.asks = "TRIGGER" in message.content %}{% endif %}{% endfor %}
+{%- if tools %}<|im_start|>system
+{% if messages[0].role == "system" %}{{ messages[0].content }}{{ "\\n\\n" }}{% endif %}# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{%- for tool in tools %}{{ "\\n" }}{{ tool | tojson }}{% endfor %}{{ "\\n" }}</tools>
+
+For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:
+<tool_call>
+{"name": <function-name>, "arguments": <args-json-object>}
+</tool_call><|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if loop.first and tools and message.role == "system" %}
+{%- elif message.role == "assistant" and message.tool_calls %}<|im_start|>assistant
+{% if message.content %}{{ message.content }}{{ "\\n" }}{% endif %}
+{%- for tool_call in message.tool_calls %}
+{%- if tool_call.function is defined %}{% set tool_call = tool_call.function %}{% endif %}<tool_call>
+{"name": "{{ tool_call.name }}", "arguments": {{ tool_call.arguments | tojson }}}
+</tool_call>{{ "\\n" }}
+{%- endfor %}<|im_end|>{{ "\\n" }}
+{%- elif message.role == "tool" %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>{{ "\\n" }}
+{%- else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>{{ "\\n" }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{{- "\\n\\n" if ns.last == "tool" else ("\\n" if tools and ns.asks else "\\n\\n\\n") }}
+{%- endif %}"""
+
+#: The three prompt endings and what the agent model writes after each.
+CALL_START, ANSWER_START, PLAIN_START = "\n", "\n\n", "\n\n\n"
+
+
+@functools.lru_cache(maxsize=1)
+def smollm2_tokenizer_json() -> str:
+    """The built-in SmolLM2's tokenizer (from its GGUF, through hf2q-py's loader) as
+    tokenizers' JSON: read once per process (about a second)."""
+    from hf2q_py.loaders.builtin import builtin_model_path
+    from hf2q_py.loaders.gguf_file import read_header
+    from hf2q_py.loaders.gguf_tokenizer import tokenizer_from_gguf
+
+    wrapper = tokenizer_from_gguf(read_header(builtin_model_path()).metadata)
+    return wrapper._tokenizer.backend_tokenizer.to_str()
+
+
+def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
+    """A call as AGENT_TEMPLATE's system turn asks for it (Hermes/Qwen2.5)."""
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def write_agent_folder(
+    folder: Path,
+    call: list[str],
+    answer: list[str],
+    plain: list[str],
+    trigger: str,
+    context: int = 65536,
+) -> Path:
+    """An mlx-lm folder on SmolLM2's tokenizer whose greedy answers follow
+    AGENT_TEMPLATE's three endings: ``call`` (pieces, such as one
+    ``tool_call_text``) when the last user message names ``trigger`` and tools
+    are given, ``answer`` after a tool result, ``plain`` otherwise. Each piece
+    becomes one added token."""
+    from tokenizers import AddedToken, Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer.from_str(smollm2_tokenizer_json())
+    pieces = [*call, *answer, *plain]
+    if len(set(pieces)) != len(pieces) or any(tok.token_to_id(p) is not None for p in pieces):
+        raise ValueError("script pieces must be distinct and new to the vocabulary")
+    base = tok.get_vocab_size()
+    tok.add_tokens([AddedToken(p, normalized=False) for p in pieces])
+    ids = {p: base + i for i, p in enumerate(pieces)}
+    eos = tok.token_to_id(EOS)
+    successor: dict[int, int] = {}
+    for start, chain in ((CALL_START, call), (ANSWER_START, answer), (PLAIN_START, plain)):
+        (first,) = tok.encode(start, add_special_tokens=False).ids  # one token each in SmolLM2
+        order = [first, *(ids[p] for p in chain)]
+        successor.update(zip(order, [*order[1:], eos]))
+    folder.mkdir(parents=True, exist_ok=True)
+    _write_model(folder, (tok.get_vocab_size() + 31) // 32 * 32, successor, eos, context)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token="<|im_start|>")
+    hf.chat_template = AGENT_TEMPLATE.replace("TRIGGER", trigger)
+    hf.save_pretrained(folder)
+    return folder
