@@ -51,6 +51,8 @@ log = logging.getLogger("hf2q_py.prompt_cache")
 BLOCK_TOKENS = 256
 MIN_TOKENS = 256
 DEFAULT_MAX_BYTES = 8 << 30
+#: Lookups tried after a file failed (each failure removes the file).
+ATTEMPTS = 3
 
 
 def default_directory() -> Path:
@@ -77,7 +79,7 @@ def prepare_directory(path: str | Path, what: str = "prompt cache directory") ->
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise Hf2qError(f"cannot write the {what} {path}: {e.strerror or e}") from None
+        raise Hf2qError(f"cannot write to {what} {path}: {e.strerror or e}") from None
     return p
 
 
@@ -163,8 +165,14 @@ class DiskCache:
         if limit < self.min_tokens or limit <= longer_than:
             return None, 0
         try:
-            found = self._find(tokens, limit)
-            snap = self._load(tokens, found, longer_than) if found and found.n > longer_than else None
+            snap = None
+            for _ in range(ATTEMPTS):  # a file that fails is removed: look again without it
+                found = self._find(tokens, limit)
+                if found is None or found.n <= longer_than:
+                    break
+                snap, failed = self._load(tokens, found, longer_than)
+                if snap is not None or not failed:
+                    break
         except Exception as e:  # noqa: BLE001 - the disk never fails a request
             log.warning("prompt cache on disk: lookup failed: %s", one_line(e))
             return None, 0
@@ -213,9 +221,10 @@ class DiskCache:
             out.append(link(out[-1], tokens[i * self.block : (i + 1) * self.block]))
         return out
 
-    def _load(self, tokens: list[int], found: Found, longer_than: int) -> Snapshot | None:
-        """Read and check the files ``found`` names; a file that fails ends
-        the read at the blocks before it (where those alone restore a state)."""
+    def _load(self, tokens: list[int], found: Found, longer_than: int) -> tuple[Snapshot | None, bool]:
+        """Read and check the files ``found`` names, and whether one failed; a
+        file that fails ends the read at the blocks before it (where those
+        alone restore a state)."""
         parts = Parts(self, found.n)
         for i in range(found.k):
             try:
@@ -223,19 +232,18 @@ class DiskCache:
                     self._read(block_name(found.chain[i + 1]), found.chain[i], tokens, i * self.block)
                 )
             except Skip:
-                return (
-                    parts.snapshot(tokens, i * self.block)
-                    if self.cuttable and i * self.block > longer_than
-                    else None
-                )
+                return self._shorter(parts, tokens, i * self.block, longer_than), True
         if found.tail is not None:
             try:
                 parts.add_tail(self._read(found.tail, found.chain[found.k], tokens, found.k * self.block))
             except Skip:
-                k = found.k * self.block
-                return parts.snapshot(tokens, k) if self.cuttable and k > longer_than else None
+                return self._shorter(parts, tokens, found.k * self.block, longer_than), True
         self._touch(found)
-        return parts.snapshot(tokens, found.n)
+        return parts.snapshot(tokens, found.n), False
+
+    def _shorter(self, parts: Parts, tokens: list[int], n: int, longer_than: int) -> Snapshot | None:
+        """The first ``n`` tokens' state from the blocks read, where blocks alone restore one."""
+        return parts.snapshot(tokens, n) if self.cuttable and n > longer_than else None
 
     def _read(self, name: str, parent: str, tokens: list[int], start: int) -> tuple[dict[str, Host], dict]:
         """A file's arrays and metadata, checked against what its name promises."""
@@ -325,8 +333,11 @@ class DiskCache:
                 log.info("prompt cache on disk: a state of another layout than this model's is not written")
                 self._noted_layout = True
             return []
-        if self.max_bytes is not None and snap.nbytes > self.max_bytes:
-            return []
+        if (
+            self.max_bytes is not None
+            and sum(a.nbytes for s in snap.layers for _, a in leaves(s.arrays)) > self.max_bytes
+        ):
+            return []  # it would push itself out
         tokens, L, B = list(snap.tokens), len(snap.tokens), self.block
         k = L // B if self.kv else 0
         chain = self.chain(tokens, k)

@@ -177,6 +177,8 @@ class Worker:
             if self.relay is not None:
                 self.relay.stop()
         self._fail_waiting()
+        if self.target.prompt_cache is not None:
+            self.target.prompt_cache.flush()  # what the disk tier was given is on disk before exit
 
     # -- batched -------------------------------------------------------------------
     def _run_batched(self) -> None:
