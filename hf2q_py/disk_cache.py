@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hf2q_py.prompt_cache")
 
-BLOCK_TOKENS = 256
+BLOCK_TOKENS = 128
 MIN_TOKENS = 256
 DEFAULT_MAX_BYTES = 8 << 30
 #: Lookups tried after a file failed (each failure removes the file).

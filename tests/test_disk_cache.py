@@ -440,7 +440,7 @@ def test_a_restarted_server_answers_from_the_disk_as_a_cold_run_did(tiny_folder,
         tokens, cached = answer_of(complete(s, ids))
     assert cached == 0 and tokens
     with running_server("--model", str(tiny_folder), "--prompt-cache-dir", cache) as s:
-        assert answer_of(complete(s, ids)) == (tokens, 512)  # two blocks of 256; the rest prefilled
+        assert answer_of(complete(s, ids)) == (tokens, 512)  # four blocks of 128; the rest prefilled
         assert "hf2q_prompt_cache_disk_hits_total 1.0" in s.raw("GET", "/metrics")[2].decode()
 
     (second,) = [p for p in Path(cache).glob("b-*") if read_file(p)[1]["start"] == "256"]
