@@ -187,7 +187,11 @@ class DiskCache:
         """The block names and the tails by the chain hash they follow."""
         blocks: set[str] = set()
         tails: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
-        for name in os.listdir(self.directory):
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:  # removed while the server runs: empty (the writer makes it again)
+            names = []
+        for name in names:
             if not NAME.match(name):
                 continue
             if name[0] == "b":

@@ -122,6 +122,7 @@ class Writer:
             with contextlib.suppress(FileNotFoundError):
                 os.utime(path)
             return
+        self.directory.mkdir(parents=True, exist_ok=True)  # removed while the server runs: made again
         size = write_file(path, job.arrays, job.metadata)
         self.stats.files_written += 1
         self.stats.bytes_written += size
@@ -142,6 +143,8 @@ class Writer:
         processes that died)."""
         files, now = [], time.time()
         total = 0
+        if not self.directory.is_dir():
+            return
         for entry in os.scandir(self.directory):
             try:
                 st = entry.stat()

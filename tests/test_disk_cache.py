@@ -118,6 +118,21 @@ def test_after_a_restart_the_states_read_from_disk_are_the_saved_ones_and_answer
     assert_same_greedy(first.model, follow, got.tokens, cold(arch, follow))
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "qwen3_next"])
+def test_states_of_batched_rows_round_trip_as_a_single_sequences_do(arch, tmp_path):
+    prompts = [random_prompt(70, seed=s) for s in (1, 2)]
+    first = started(arch, tmp_path)
+    answers = hf2q_py.batch_generate(first, prompts, max_tokens=10, method="baseline")
+    first.prompt_cache.flush()
+    for prompt, answer in zip(prompts, answers):
+        conversation = prompt + answer.tokens[:-1]
+        follow = prompt + answer.tokens + [4, 5, 6]
+        assert_same_state(from_disk(arch, tmp_path, follow), held(first, conversation))
+        got = generate(started(arch, tmp_path), follow)
+        assert got.stats.cached_tokens == len(conversation)
+        assert_same_greedy(first.model, follow, got.tokens, cold(arch, follow))
+
+
 def test_a_bfloat16_model_round_trips_and_its_dtype_is_part_of_the_key(tmp_path, caplog):
     def bf16_target() -> Target:
         t = tiny_target("llama", scale=4.0)
@@ -136,6 +151,34 @@ def test_a_bfloat16_model_round_trips_and_its_dtype_is_part_of_the_key(tmp_path,
     with caplog.at_level(logging.INFO, logger=LOG):
         assert generate(started("llama", tmp_path), follow).stats.cached_tokens == 0  # float32: other names
     assert cache_log(caplog) == []
+
+
+def test_the_disk_is_read_only_when_memory_falls_short_and_what_it_gives_joins_memory(tmp_path):
+    target = started("qwen3_next", tmp_path)
+    prompt = random_prompt(70)
+    first = generate(target, prompt)
+    assert generate(target, prompt).stats.cached_tokens == 69  # from memory
+    assert target.prompt_cache.disk.stats.hits == 0
+    target.prompt_cache.clear()
+    again = generate(target, prompt)
+    assert again.stats.cached_tokens == 69 and target.prompt_cache.disk.stats.hits == 1
+    assert generate(target, prompt).stats.cached_tokens == 69
+    assert target.prompt_cache.disk.stats.hits == 1
+    assert again.tokens == first.tokens
+
+
+def test_a_folder_removed_while_running_is_made_again(tmp_path):
+    import shutil
+
+    folder = tmp_path / "cache"
+    target = started("llama", folder)
+    prompt = random_prompt(70)
+    generate(target, prompt)
+    shutil.rmtree(folder)
+    target.prompt_cache.clear()
+    assert generate(target, prompt).stats.cached_tokens == 0
+    assert files(folder, "b-")
+    assert generate(started("llama", folder), prompt).stats.cached_tokens == 64
 
 
 # -- blocks -----------------------------------------------------------------------
