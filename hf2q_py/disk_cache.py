@@ -347,7 +347,7 @@ class DiskCache:
         chain = self.chain(tokens, k)
         count = L - k * B
         tail = tail_name(chain[k], count, link(chain[k], tokens[k * B :]))
-        missing = [i for i in range(k) if not (self.directory / block_name(chain[i + 1])).exists()]
+        missing = {i for i in range(k) if not (self.directory / block_name(chain[i + 1])).exists()}
         tail_missing = not (self.directory / tail).exists()
         lo = min(missing) * B if missing else k * B
         host = self._host_kv(snap, lo) if missing or (tail_missing and count) else {}
@@ -360,15 +360,20 @@ class DiskCache:
                 jobs.append(Job(block_name(chain[i + 1])))
         if not tail_missing:
             return [*jobs, Job(tail)]
-        arrays = _cut(host, k * B - lo, L - lo) if count else {}
-        extra = {}
+        kv = _cut(host, k * B - lo, L - lo) if count else {}
+        return [*jobs, self._tail_job(snap, tail, kv, k * B, chain[k])]
+
+    def _tail_job(self, snap: Snapshot, name: str, kv: dict[str, Host], start: int, parent: str) -> Job:
+        """The tail of ``snap`` after position ``start``: ``kv`` (the full-attention
+        positions past the last block) and every other layer's whole state."""
+        arrays, fields = dict(kv), {}
         for index, layer in enumerate(snap.layers):
             if index not in self.kv:
                 arrays.update({f"{index}.{p}": to_host(a) for p, a in leaves(layer.arrays)})
-                extra[str(index)] = {"offset": layer.offset, "start": layer.start}
-        job = self._job(tail, "tail", arrays, tokens, k * B, count, chain[k])
-        job.metadata["layers"] = json.dumps(extra)
-        return [*jobs, job]
+                fields[str(index)] = {"offset": layer.offset, "start": layer.start}
+        job = self._job(name, "tail", arrays, list(snap.tokens), start, len(snap.tokens) - start, parent)
+        job.metadata["layers"] = json.dumps(fields)
+        return job
 
     def _host_kv(self, snap: Snapshot, lo: int) -> dict[str, Host]:
         """Every full-attention leaf's positions from ``lo`` on, in host memory."""

@@ -72,12 +72,17 @@ class Server:
 DISK_FLAGS = ("--prompt-cache-dir", "--no-disk-cache", "--no-prompt-cache")
 
 
+_shared_cache: list[tempfile.TemporaryDirectory] = []  # removed when the test process exits
+
+
 def server_command(*flags: str, cache_dir: str | None = None) -> list[str]:
     """The serve command; unless ``flags`` place the prompt cache on disk,
-    it goes to ``cache_dir`` (default: a new temporary folder), never into the
-    user's cache folder."""
+    it goes to ``cache_dir`` (default: a temporary folder of this test
+    process), never into the user's cache folder."""
     if not any(f.split("=")[0] in DISK_FLAGS for f in flags):
-        flags = ("--prompt-cache-dir", cache_dir or tempfile.mkdtemp(prefix="hf2q-test-cache-"), *flags)
+        if cache_dir is None and not _shared_cache:
+            _shared_cache.append(tempfile.TemporaryDirectory(prefix="hf2q-test-cache-"))
+        flags = ("--prompt-cache-dir", cache_dir or _shared_cache[0].name, *flags)
     return [sys.executable, "-m", "hf2q_py", "serve", *flags]
 
 
