@@ -10,6 +10,11 @@ windows and exactly all its tokens for recurrent layers (see
 ``LayerState.reaches``). A snapshot is only ever reused by a sequence whose
 caches store keys and values alike (the same :class:`~hf2q_py.kv.KVConfig`).
 Bounded by entries and bytes, least recently used out.
+
+With a disk tier (``hf2q_py.disk_cache.DiskCache``) the snapshots it keeps
+are also written to disk, and a lookup that memory cannot serve as far is
+asked of the disk, whose snapshot then joins memory (the disk holds states
+of the Target's own KV layout).
 """
 
 from __future__ import annotations
@@ -17,13 +22,16 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .cache import LayerState
 from .errors import Hf2qError
 from .kv import FULL_PRECISION, KVConfig
+
+if TYPE_CHECKING:
+    from .disk_cache import DiskCache
 
 DEFAULT_MAX_ENTRIES = 8
 DEFAULT_MAX_BYTES = 2 << 30
@@ -61,14 +69,21 @@ class PromptCacheStats:
 
 class PromptCache:
     """Snapshots by token prefix, at most ``max_entries`` of them and
-    ``max_bytes`` in all; the least recently used leaves first."""
+    ``max_bytes`` in all; the least recently used leaves first. ``disk``:
+    the tier on disk behind them (None: memory only)."""
 
-    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, max_bytes: int = DEFAULT_MAX_BYTES):
+    def __init__(
+        self,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        disk: DiskCache | None = None,
+    ):
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
             raise Hf2qError(f"prompt cache entries must be an integer >= 1, got {max_entries!r}")
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
             raise Hf2qError(f"prompt cache bytes must be an integer >= 1, got {max_bytes!r}")
         self.max_entries, self.max_bytes = max_entries, max_bytes
+        self.disk = disk
         self.stats = PromptCacheStats()
         #: (KV layout, tokens) -> (snapshot, its tokens as an array)
         self._entries: OrderedDict[tuple[Any, tuple[int, ...]], tuple[Snapshot, np.ndarray]] = OrderedDict()
@@ -78,16 +93,21 @@ class PromptCache:
         return len(self._entries)
 
     def clear(self) -> None:
-        """Drop every snapshot (the statistics stay)."""
+        """Drop every snapshot held in memory (the statistics and the disk stay)."""
         self._entries.clear()
         self.nbytes = 0
+
+    def snapshots(self) -> list[Snapshot]:
+        """The snapshots held in memory, least recently used first."""
+        return [snap for snap, _ in self._entries.values()]
 
     def lookup(
         self, tokens: Sequence[int], limit: int, kv: KVConfig = FULL_PRECISION
     ) -> tuple[Snapshot | None, int]:
         """The snapshot made with ``kv`` that rebuilds the longest prefix of
         ``tokens`` (at most ``limit`` tokens long) and that prefix's length;
-        (None, 0) if none does."""
+        (None, 0) if none does. The disk tier is asked when memory holds no
+        prefix as long as it may."""
         self.stats.lookups += 1
         ids = np.asarray(tokens[:limit], dtype=np.int64)
         best: tuple[Snapshot | None, int] = (None, 0)
@@ -99,17 +119,37 @@ class PromptCache:
             n = _common_prefix(arr, ids)
             if n > best[1] and snap.reaches(n):
                 best = (snap, n)
+        if self.disk is not None and best[1] < limit and self.disk.holds(kv):
+            snap, n = self.disk.lookup(list(tokens), limit, longer_than=best[1])
+            if snap is not None:
+                self._keep(snap)
+                best = (snap, n)
         if best[0] is not None:
-            self._entries.move_to_end(_key(best[0]))
+            if _key(best[0]) in self._entries:
+                self._entries.move_to_end(_key(best[0]))
             self.stats.hits += 1
             self.stats.reused_tokens += best[1]
         return best
 
     def add(self, snap: Snapshot) -> None:
-        """Keep ``snap``; drop the entries it makes redundant (the same tokens,
-        or a prefix of them it can rebuild), then the least recently used
-        while over the bounds. A snapshot larger than ``max_bytes`` is not kept."""
-        if not snap.tokens or snap.nbytes > self.max_bytes:
+        """Keep ``snap`` (see :meth:`_keep`) and hand it to the disk tier."""
+        if not snap.tokens:
+            return
+        self._keep(snap)
+        if self.disk is not None:
+            self.disk.add(snap)
+
+    def flush(self) -> None:
+        """Wait until the disk tier has written what it was given."""
+        if self.disk is not None:
+            self.disk.flush()
+
+    def _keep(self, snap: Snapshot) -> None:
+        """Keep ``snap`` in memory; drop the entries it makes redundant (the
+        same tokens, or a prefix of them it can rebuild), then the least
+        recently used while over the bounds. A snapshot larger than
+        ``max_bytes`` is not kept."""
+        if snap.nbytes > self.max_bytes:
             return
         for key in [k for k, (old, _) in self._entries.items() if _covers(snap, old)]:
             self._drop(key)

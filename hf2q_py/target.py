@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from pathlib import Path
 from functools import cached_property
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,6 +164,39 @@ class Target:
         if self._shapes is None:
             self._shapes = layer_shapes(self)
         return self._shapes
+
+    @cached_property
+    def identity(self) -> str:
+        """A digest of the model (configuration, parameters' names, shapes,
+        dtypes and a sample of their values, the MLX version and device),
+        computed once: the prompt cache on disk keys its files by it."""
+        from .identity import model_identity
+
+        return model_identity(self.model, self.lm)
+
+    def save_cache(self, path: str | Path, snapshots: Sequence[Snapshot] | None = None) -> int:
+        """Write the prompt cache's snapshots (or ``snapshots``) to the folder
+        ``path`` in the disk tier's layout (docs/server.md); returns how many.
+        Raises ``Hf2qError`` when the folder cannot be written."""
+        from .disk_cache import save_snapshots
+
+        if snapshots is None:
+            snapshots = self.prompt_cache.snapshots() if self.prompt_cache is not None else []
+        return save_snapshots(self, path, snapshots)
+
+    def load_cache(self, path: str | Path) -> int:
+        """Read every snapshot saved in the folder ``path`` into this Target's
+        prompt cache (made with the default bounds if there is none); returns
+        how many. Raises ``Hf2qError`` naming the file for a file that is
+        corrupt, truncated, or saved by another model or cache layout."""
+        from .disk_cache import load_snapshots
+
+        snaps = load_snapshots(self, path)
+        if self.prompt_cache is None:
+            self.prompt_cache = PromptCache()
+        for snap in snaps:
+            self.prompt_cache.add(snap)
+        return len(snaps)
 
     @cached_property
     def line_breaks(self) -> frozenset[int]:

@@ -68,7 +68,21 @@ class Server:
         return self.process.poll() is None and self.raw("GET", "/health")[0] == 200
 
 
-def server_command(*flags: str) -> list[str]:
+#: Flags that say where the prompt cache on disk goes, or that it is off.
+DISK_FLAGS = ("--prompt-cache-dir", "--no-disk-cache", "--no-prompt-cache")
+
+
+_shared_cache: list[tempfile.TemporaryDirectory] = []  # removed when the test process exits
+
+
+def server_command(*flags: str, cache_dir: str | None = None) -> list[str]:
+    """The serve command; unless ``flags`` place the prompt cache on disk,
+    it goes to ``cache_dir`` (default: a temporary folder of this test
+    process), never into the user's cache folder."""
+    if not any(f.split("=")[0] in DISK_FLAGS for f in flags):
+        if cache_dir is None and not _shared_cache:
+            _shared_cache.append(tempfile.TemporaryDirectory(prefix="hf2q-test-cache-"))
+        flags = ("--prompt-cache-dir", cache_dir or _shared_cache[0].name, *flags)
     return [sys.executable, "-m", "hf2q_py", "serve", *flags]
 
 
@@ -78,9 +92,10 @@ def running_server(*flags: str, launcher: Sequence[str] = ()):
     ``mlx.launch -n 2``, in a session of its own), stopped with SIGTERM
     afterwards (SIGINT to the session under a launcher, as Ctrl-C sends)."""
     log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed below; stderr: a pipe nobody reads could fill and block it
+    cache = tempfile.TemporaryDirectory(prefix="hf2q-test-cache-")
     bin_dir = os.path.dirname(sys.executable)
     proc = subprocess.Popen(
-        [*launcher, *server_command("--port", "0", *flags)],
+        [*launcher, *server_command("--port", "0", *flags, cache_dir=cache.name)],
         stdout=subprocess.PIPE,
         stderr=log,
         text=True,
@@ -103,6 +118,7 @@ def running_server(*flags: str, launcher: Sequence[str] = ()):
         if server is not None:
             server._stderr = server.stderr()
         log.close()
+        cache.cleanup()
 
 
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 30) -> int:

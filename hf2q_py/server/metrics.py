@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..disk_writer import DiskStats
 from ..prompt_cache import PromptCache
 from ..stats import GenerationStats
 
@@ -38,6 +39,23 @@ class _PromptCacheCollector(Collector):
             yield CounterMetricFamily(f"hf2q_prompt_cache_{name}", doc, value=value)
         yield GaugeMetricFamily("hf2q_prompt_cache_entries", "snapshots held", value=len(cache))
         yield GaugeMetricFamily("hf2q_prompt_cache_bytes", "memory the snapshots hold", value=cache.nbytes)
+        if cache.disk is not None:
+            yield from _disk_metrics(cache.disk.stats)
+
+
+def _disk_metrics(d: DiskStats) -> Iterator[Metric]:
+    for name, doc, value in (
+        ("hits", "lookups that reused states read from disk", d.hits),
+        ("reused_tokens", "prompt tokens whose states came from disk", d.reused_tokens),
+        ("written_files", "files written to the prompt cache on disk", d.files_written),
+        ("written_bytes", "bytes written to the prompt cache on disk", d.bytes_written),
+        ("skipped_files", "files skipped as unusable (corrupt, truncated, foreign) and removed", d.skipped),
+        ("evicted_files", "files removed to keep the disk bound (least recently used)", d.evicted),
+    ):
+        yield CounterMetricFamily(f"hf2q_prompt_cache_disk_{name}", doc, value=value)
+    yield GaugeMetricFamily(
+        "hf2q_prompt_cache_disk_bytes", "bytes the files on disk held at the last scan", value=d.bytes
+    )
 
 
 class _BatchCollector(Collector):

@@ -187,6 +187,8 @@ class Worker:
         finally:
             if self.relay is not None:
                 self.relay.stop()
+            if self.target.prompt_cache is not None:
+                self.target.prompt_cache.flush()  # what the disk tier was given is on disk before exit
 
     def _step(self) -> None:
         try:

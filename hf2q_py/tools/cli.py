@@ -679,6 +679,21 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
         help="memory those states may hold (default 2GiB)",
     )
     s.add_argument("--no-prompt-cache", action="store_true", help="prefill every prompt whole")
+    s.add_argument(
+        "--prompt-cache-dir",
+        default=None,
+        help="folder of the prompt cache on disk, which outlives the server "
+        "(default: hf2q-py/prompt-cache in the user's cache folder)",
+    )
+    s.add_argument(
+        "--prompt-cache-disk-bytes",
+        type=_byte_size,
+        default=8 << 30,
+        help="bytes the prompt cache on disk may hold, least recently used out (default 8GiB)",
+    )
+    s.add_argument(
+        "--no-disk-cache", action="store_true", help="keep the prompt cache in memory only (lost at exit)"
+    )
     s.add_argument("--access-log", action="store_true", help="log one line per HTTP request")
 
 
@@ -1117,12 +1132,25 @@ def api_key(args: argparse.Namespace) -> str | None:
     return key
 
 
+def disk_cache_dir(args: argparse.Namespace):
+    """The prompt cache's folder on disk, made and checked writable; None when
+    it is off (``--no-disk-cache``, ``--no-prompt-cache``, or under
+    ``mlx.launch``, whose ranks must agree on every lookup)."""
+    from hf2q_py.disk_cache import default_directory, prepare_directory
+    from hf2q_py.distributed import launched_group
+
+    if args.no_prompt_cache or args.no_disk_cache or launched_group() is not None:
+        return None
+    return prepare_directory(args.prompt_cache_dir or default_directory(), "--prompt-cache-dir")
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from hf2q_py.generation import make_config
     from hf2q_py.loaders import check_source
     from hf2q_py.loaders.convert import parse_dtype
     from hf2q_py.loaders.hub import display_name
     from hf2q_py.method_spec import MethodSpec
+    from hf2q_py.disk_cache import DiskCache
     from hf2q_py.prompt_cache import PromptCache
     from hf2q_py.server import ServerConfig, serve
     from hf2q_py.server.main import bind
@@ -1145,6 +1173,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise Hf2qError("serve --shard none under mlx.launch would load the model on every rank for one server: "
                         "run serve without mlx.launch, or shard the model")  # fmt: skip
     follower = _rank() > 0  # under mlx.launch, rank 0 serves and the others follow it
+    disk_dir = disk_cache_dir(args)  # an unwritable folder: refused before loading
     sock = None if follower else bind(args.host, args.port)  # a port in use: refused before loading
     target = load_target(args)
     load_drafts([served], args.dtype, **load_options(args))
@@ -1152,7 +1181,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if option in spec.options:
             spec.options[option] = served.options[option]
     if not args.no_prompt_cache:
-        target.prompt_cache = PromptCache(args.prompt_cache_entries, args.prompt_cache_bytes)
+        disk = None
+        if disk_dir is not None and target.sharding is None:
+            disk = DiskCache(target, disk_dir, args.prompt_cache_disk_bytes)
+        target.prompt_cache = PromptCache(args.prompt_cache_entries, args.prompt_cache_bytes, disk)
     if follower:
         return follow(target, served.options)
     name = args.served_model_name or display_name(args.model)
