@@ -60,7 +60,7 @@ def conversation(req: ChatRequest | CompletionRequest) -> Conversation:
         return Conversation(prompt=req.prompt_input(), **common)
     return Conversation(
         messages=req.template_messages(), tools=req.tool_dicts(), tool_choice=req.choice(),
-        parallel_tool_calls=req.parallel_tool_calls is not False, **common,
+        parallel_tool_calls=req.parallel_tool_calls is not False, thinking=req.thinking(), **common,
     )  # fmt: skip
 
 

@@ -21,7 +21,7 @@ from ..config import MAX_TOP_LOGPROBS
 from ..constraints import ConstraintSpec
 from ..errors import Hf2qError
 from ..stats import GenerationStats
-from .conversation import schema_problem
+from .conversation import Thinking, schema_problem
 from .tool_calls import ToolCall, history_arguments
 
 MAX_STOP_STRINGS = 16
@@ -120,6 +120,14 @@ class NamedToolChoice(_Strict):
     function: NamedFunction
 
 
+class ChatTemplateKwargs(_Strict):
+    """The chat template variables a request may set (vLLM's and llama-server's
+    ``chat_template_kwargs``): the thinking switch only; other keys are ignored."""
+
+    enable_thinking: bool | None = None
+    thinking: bool | None = None
+
+
 class StreamOptions(_Strict):
     include_usage: bool = False
 
@@ -198,6 +206,8 @@ class ChatRequest(_Request):
     response_format: dict[str, Any] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    chat_template_kwargs: ChatTemplateKwargs | None = None
 
     @field_validator("tool_choice", mode="before")
     @classmethod
@@ -207,6 +217,18 @@ class ChatRequest(_Request):
         raise ValueError(
             'must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
         )
+
+    def thinking(self) -> Thinking | None:
+        """What the request asks of a reasoning model: ``reasoning_effort``
+        (``none``: thinking off) and ``chat_template_kwargs``'
+        ``enable_thinking`` (or DeepSeek's ``thinking``)."""
+        kw = self.chat_template_kwargs
+        enabled = (
+            None if kw is None else kw.enable_thinking if kw.enable_thinking is not None else kw.thinking
+        )
+        if enabled is None and self.reasoning_effort is None:
+            return None
+        return Thinking(enabled=enabled, effort=self.reasoning_effort)
 
     def tool_dicts(self) -> list[dict[str, Any]] | None:
         """The tools as the chat template and the parsers take them."""
