@@ -212,9 +212,11 @@ def test_messages_give_the_thinking_then_the_tool_use(thinker):
     assert final.content[0].thinking == THINKER_REASONING and final.content[1].input == {"city": "Paris"}
 
 
-def test_a_forced_call_starts_in_the_answer_even_inside_an_opened_block(thinker):
+def test_a_forced_call_or_a_constrained_answer_starts_in_the_answer_even_inside_an_opened_block(thinker):
     r = chat(thinker, tools=TOOLS, tool_choice="required", max_tokens=2)
     assert reasoning_of(r.choices[0].message) is None  # what follows the forced opening is the call's
+    r = chat(thinker, response_format={"type": "json_object"}, max_tokens=8)
+    assert reasoning_of(r.choices[0].message) is None and r.choices[0].message.content
 
 
 # -- gpt-oss: harmony channels ------------------------------------------------------------------------

@@ -177,11 +177,12 @@ class Engine:
         """How the answer's raw text splits into reasoning and answer: by the
         syntax the model's tokenizer declares, primed with the prompt's end
         (a generation prompt that opens a think block starts in reasoning);
-        a forced tool call starts in the answer; a raw prompt (text
-        completions) is all answer."""
-        if prep.conversation.prompt is not None or self.reasoning_format is None:
+        a forced tool call and a constrained answer (``response_format``)
+        start in the answer; a raw prompt (text completions) is all answer."""
+        conv = prep.conversation
+        if conv.prompt is not None or self.reasoning_format is None:
             return NoReasoning()
-        forced = prep.use is not None and bool(prep.use.prefix)
+        forced = (prep.use is not None and bool(prep.use.prefix)) or conv.constraint is not None
         return splitter_for(self.target.tokenizer, prep.ids, answering=forced)
 
     # -- running ---------------------------------------------------------------
