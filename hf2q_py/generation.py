@@ -18,6 +18,7 @@ from .config import GenerationConfig
 from .draft_length import Policy
 from .errors import Hf2qError
 from .proposers.base import Proposer
+from .reasoning import split_reasoning
 from .request import (
     GenerationChunk,
     check_context,
@@ -50,13 +51,22 @@ __all__ = [
 @dataclass
 class GenerationResult:
     """A finished generation: its tokens and text, the prompt's token ids,
-    statistics, and each token's log-probability when asked for."""
+    statistics, and each token's log-probability when asked for. A
+    reasoning model's text is also given split (``hf2q_py.reasoning``):
+    ``reasoning``, its thinking without the markers ("" when it has none),
+    and ``content``, the answer (the text itself for other models)."""
 
     tokens: list[int]
     text: str
     prompt_tokens: list[int]
     stats: GenerationStats = field(default_factory=GenerationStats)
     logprobs: list[TokenLogprob] | None = None
+    reasoning: str = ""
+    content: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.content is None:
+            self.content = self.text
 
     @property
     def finish_reason(self) -> str:
@@ -64,10 +74,11 @@ class GenerationResult:
 
 
 class _Collect:
-    """A scheduler sink that keeps one generation's chunks and its end."""
+    """A scheduler sink that keeps one generation's chunks and its end
+    (``tokenizer``: the one the text is split into reasoning and answer with)."""
 
-    def __init__(self, ids: list[int]):
-        self.ids = ids
+    def __init__(self, ids: list[int], tokenizer: Any = None):
+        self.ids, self.tokenizer = ids, tokenizer
         self.chunks: deque[GenerationChunk] = deque()
         self.stats: GenerationStats | None = None
         self.error: Hf2qError | None = None
@@ -91,8 +102,10 @@ class _Collect:
             if chunks and chunks[0].logprobs is not None
             else None
         )
+        text = "".join(c.text for c in chunks)
+        reasoning, content = split_reasoning(self.tokenizer, self.ids, text)
         return GenerationResult(
-            [t for c in chunks for t in c.tokens], "".join(c.text for c in chunks), self.ids, self.stats, lps
+            [t for c in chunks for t in c.tokens], text, self.ids, self.stats, lps, reasoning, content
         )
 
 
@@ -178,7 +191,7 @@ def generate(
     config = _config(config, options, {"max_tokens": 256, "method": "ngram"})
     ids = encode_prompt(target, prompt, config.chat_template)
     scheduler = Scheduler(target, SchedulerConfig(max_batch=1))
-    sink = _Collect(ids)
+    sink = _Collect(ids, target.tokenizer)
     scheduler.submit(ids, config, sink, on_round)
     scheduler.run()
     return sink.result()
@@ -217,7 +230,7 @@ def batch_generate(
     sinks = []
     for prompt, config in zip(prompts, configs):
         ids = encode_prompt(target, prompt, config.chat_template)
-        sinks.append(_Collect(ids))
+        sinks.append(_Collect(ids, target.tokenizer))
         scheduler.submit(ids, config, sinks[-1], on_round)
     scheduler.run()
     return [s.result() for s in sinks]

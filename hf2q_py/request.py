@@ -13,7 +13,7 @@ import json
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .config import GenerationConfig, SpecConfig
@@ -41,13 +41,16 @@ _KV_OPTIONS = ("kv_bits", "kv_group_size", "quantized_kv_start")
 class GenerationChunk:
     """One streamed piece: new ``text`` and the ``tokens`` behind it, with
     their log-probabilities when asked for (``logprobs``); ``stop``: the
-    stop string that ended the text (on the chunk it ended)."""
+    stop string that ended the text (on the chunk it ended); ``ends``: where
+    each token's text ends in ``text``, in characters (empty without a
+    tokenizer)."""
 
     text: str
     tokens: list[int]
     stats: GenerationStats
     logprobs: list[TokenLogprob] | None = None
     stop: str | None = None
+    ends: list[int] = field(default_factory=list)
 
 
 def encode_prompt(target: Target, prompt: str | Sequence[int], chat_template: bool = True) -> list[int]:
@@ -231,24 +234,25 @@ class Chunker:
         """The chunk of what ``new`` makes ready (possibly empty)."""
         self.pending.extend(logprobs)
         if self.text is None:
-            return self._chunk("", new)
-        piece, tokens, self.stopped = self.text.feed(new)
+            return self._chunk("", [(t, 0) for t in new])
+        piece, ready, self.stopped = self.text.feed(new)
         if self.stopped:
-            self.stats.generated_tokens, self.stats.finish_reason = self.sent + len(tokens), "stop"
-            return self._chunk(piece, tokens, self.text.matched)
-        return self._chunk(piece, tokens)
+            self.stats.generated_tokens, self.stats.finish_reason = self.sent + len(ready), "stop"
+            return self._chunk(piece, ready, self.text.matched)
+        return self._chunk(piece, ready)
 
     def finish(self) -> GenerationChunk | None:
         """What is left once generation ended without a stop string."""
         if self.text is None:
             return None
-        piece, tokens = self.text.finish()
-        return self._chunk(piece, tokens) if piece or tokens else None
+        piece, ready = self.text.finish()
+        return self._chunk(piece, ready) if piece or ready else None
 
-    def _chunk(self, piece: str, tokens: list[int], stop: str | None = None) -> GenerationChunk:
-        self.sent += len(tokens)
-        lps = [self.pending.popleft() for _ in tokens] if self.keep_logprobs else None
-        return GenerationChunk(piece, tokens, self.stats, lps, stop)
+    def _chunk(self, piece: str, ready: list[tuple[int, int]], stop: str | None = None) -> GenerationChunk:
+        self.sent += len(ready)
+        lps = [self.pending.popleft() for _ in ready] if self.keep_logprobs else None
+        tokens, ends = [t for t, _ in ready], [e for _, e in ready] if self.text is not None else []
+        return GenerationChunk(piece, tokens, self.stats, lps, stop, ends)
 
 
 class StopText:
@@ -279,8 +283,9 @@ class StopText:
         """Characters decoded so far."""
         return self.sent + len(self.text)
 
-    def feed(self, tokens: Sequence[int]) -> tuple[str, list[int], bool]:
-        """The text and tokens now ready, and whether a stop string ended them."""
+    def feed(self, tokens: Sequence[int]) -> tuple[str, list[tuple[int, int]], bool]:
+        """The text and tokens now ready (each with where its text ends in
+        that text), and whether a stop string ended them."""
         for t in tokens:
             self.detok.add_token(t)
             self.text += self.detok.last_segment
@@ -290,13 +295,16 @@ class StopText:
                 return (*self._take(stop_at), True)
         return (*self._take(self.end - self.hold), False)
 
-    def finish(self) -> tuple[str, list[int]]:
+    def finish(self) -> tuple[str, list[tuple[int, int]]]:
         """What is left once generation ended without a stop string."""
         self.detok.finalize()
         self.text += self.detok.last_segment
-        piece, tokens = self.text, [t for t, _ in self.pending]
+        piece = self.text
+        ready = [(t, end - self.sent) for t, end in self.pending]
+        if ready:  # what finalizing decoded belongs to the last token
+            ready[-1] = (ready[-1][0], len(piece))
         self.sent, self.text, self.pending = self.end, "", []
-        return piece, tokens
+        return piece, ready
 
     def _find_stop(self) -> int | None:
         """Where the first stop string begins (stop strings end in new text:
@@ -307,13 +315,14 @@ class StopText:
         at, self.matched = min(hits, key=lambda h: h[0])
         return self.sent + at
 
-    def _take(self, limit: int) -> tuple[str, list[int]]:
-        """The pending tokens whose text ends by ``limit``, and that text."""
+    def _take(self, limit: int) -> tuple[str, list[tuple[int, int]]]:
+        """The pending tokens whose text ends by ``limit`` (each with where
+        its text ends in that text), and that text."""
         n = 0
         while n < len(self.pending) and self.pending[n][1] <= limit:
             n += 1
         ready, self.pending = self.pending[:n], self.pending[n:]
         cut = ready[-1][1] - self.sent if ready else 0
         piece, self.text = self.text[:cut], self.text[cut:]
-        self.sent += cut
-        return piece, [t for t, _ in ready]
+        start, self.sent = self.sent, self.sent + cut
+        return piece, [(t, end - start) for t, end in ready]

@@ -6,7 +6,9 @@ single characters plus each script piece as one token.
 A script is a chain of pieces from a start character: after the prompt's
 last token (the chat template's generation prompt ends with "\\n"), the model
 writes the pieces in order, then ends (EOS). Every piece must be distinct
-(a piece is a token, and a token has one successor). Served with
+(a piece is a token, and a token has one successor). More tokens the model
+never writes (a family's markers its template uses: ``<think>``,
+``<|start|>``, ...) can be added to the vocabulary. Served with
 ``hf2q-py serve --model FOLDER`` like any mlx-lm folder.
 
 ``write_agent_folder`` builds the same kind of model on the built-in
@@ -66,19 +68,20 @@ PLAIN_TEMPLATE = """{%- for message in messages %}<|im_start|>{{ message.role }}
 {% endif %}"""
 
 
-def vocabulary(scripts: dict[str, list[str]]) -> list[str]:
-    pieces = [p for chain in scripts.values() for p in chain]
+def vocabulary(scripts: dict[str, list[str]], tokens: tuple[str, ...] = ()) -> list[str]:
+    pieces = [p for chain in scripts.values() for p in chain] + list(tokens)
     if len(set(pieces)) != len(pieces) or set(pieces) & set(CHARS + SPECIALS):
-        raise ValueError("script pieces must be distinct, and longer than one character")
+        raise ValueError("script pieces and tokens must be distinct, and longer than one character")
     return SPECIALS + CHARS + pieces
 
 
 def write_scripted_folder(
-    folder: Path, scripts: dict[str, list[str]], template: str = TOOLS_TEMPLATE
+    folder: Path, scripts: dict[str, list[str]], template: str = TOOLS_TEMPLATE, tokens: tuple[str, ...] = ()
 ) -> Path:
     """An mlx-lm folder (config, float32 weights, tokenizer with ``template``)
-    whose greedy answer after a prompt ending in ``start`` is ``scripts[start]``."""
-    vocab = vocabulary(scripts)
+    whose greedy answer after a prompt ending in ``start`` is ``scripts[start]``;
+    ``tokens``: more tokens for the vocabulary, which the model never writes."""
+    vocab = vocabulary(scripts, tokens)
     index = {t: i for i, t in enumerate(vocab)}
     size = (len(vocab) + 31) // 32 * 32
     nxt = {t: index[EOS] for t in vocab}  # what is not scripted ends the answer
@@ -128,7 +131,9 @@ def _write_model(
     (folder / "config.json").write_text(json.dumps({**cfg, "eos_token_id": eos}))
 
 
-def _write_tokenizer(folder: Path, vocab: list[str], template: str) -> None:
+def char_tokenizer(vocab: list[str], template: str) -> Any:
+    """A Hugging Face tokenizer of single characters (``vocabulary``'s order)
+    plus the longer pieces as added tokens, with ``template``."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -141,7 +146,11 @@ def _write_tokenizer(folder: Path, vocab: list[str], template: str) -> None:
     assert tok.get_vocab_size() == len(vocab) and all(tok.token_to_id(t) == i for i, t in enumerate(vocab))
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, unk_token="<unk>", bos_token=None)
     hf.chat_template = template
-    hf.save_pretrained(folder)
+    return hf
+
+
+def _write_tokenizer(folder: Path, vocab: list[str], template: str) -> None:
+    char_tokenizer(vocab, template).save_pretrained(folder)
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
     (folder / "tokenizer_config.json").write_text(json.dumps(config))

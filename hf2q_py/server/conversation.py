@@ -114,22 +114,61 @@ def schema_problem(schema: Any) -> str | None:
     return None
 
 
+def chat_template_text(tokenizer: Any) -> str:
+    """The tokenizer's chat template as text ("" when it has none as text);
+    ``tokenizer``: an mlx-lm ``TokenizerWrapper`` or a Hugging Face tokenizer."""
+    inner = getattr(tokenizer, "_tokenizer", None)
+    template = getattr(inner if hasattr(inner, "apply_chat_template") else tokenizer, "chat_template", None)
+    return template if isinstance(template, str) else ""
+
+
+#: A template reading a bare ``thinking`` variable (DeepSeek-V3.1, Granite): ``if thinking``, ``thinking is defined``.
+_THINKING_VARIABLE = re.compile(
+    r"\{%-?\s*(?:el)?if\s+(?:not\s+)?thinking\b|\bthinking\s+is\s+(?:not\s+)?defined"
+)
+#: Efforts clients name, as templates' ``reasoning_effort`` (gpt-oss: low, medium, high) takes them.
+_EFFORTS = {"max": "high", "xhigh": "high", "minimal": "low"}
+
+
 def template_options(tokenizer: Any, thinking: Thinking | None) -> dict[str, Any]:
     """The template variables a thinking wish sets, where the template reads
-    them: ``enable_thinking`` (Qwen3 and others), ``reasoning_effort``
-    (gpt-oss); nothing for templates without a switch."""
+    them: ``enable_thinking`` (Qwen3, Gemma 4, GLM-4.5+, SmolLM3, ...) or a
+    bare ``thinking`` (DeepSeek-V3.1) on or off; ``reasoning_effort``
+    (gpt-oss, which always reasons: ``max`` and ``xhigh`` as ``high``,
+    ``minimal`` and thinking switched off as ``low``); ``thinking_budget``
+    (Seed-OSS: the budget, 0 when off). An effort of ``none`` switches
+    thinking off. Nothing for templates without a switch."""
     if thinking is None:
         return {}
-    template = getattr(getattr(tokenizer, "_tokenizer", tokenizer), "chat_template", None)
-    template = template if isinstance(template, str) else ""
+    template = chat_template_text(tokenizer)
+    enabled, effort = thinking.enabled, thinking.effort
+    if effort == "none":
+        enabled, effort = (False if enabled is None else enabled), None
     out: dict[str, Any] = {}
-    if thinking.enabled is not None and "enable_thinking" in template:
-        out["enable_thinking"] = thinking.enabled
-    if thinking.effort is not None and "reasoning_effort" in template:
-        out["reasoning_effort"] = {"max": "high", "xhigh": "high", "minimal": "low"}.get(
-            thinking.effort, thinking.effort
-        )
+    if enabled is not None and "enable_thinking" in template:
+        out["enable_thinking"] = enabled
+    if enabled is not None and _THINKING_VARIABLE.search(template):
+        out["thinking"] = enabled
+    if "reasoning_effort" in template and (effort is not None or enabled is False):
+        out["reasoning_effort"] = "low" if effort is None else _EFFORTS.get(effort, effort)
+    if "thinking_budget" in template and (thinking.budget is not None or enabled is False):
+        out["thinking_budget"] = 0 if enabled is False else thinking.budget
     return out
+
+
+def reasoning_history(messages: Sequence[dict[str, Any]], template: str) -> list[dict[str, Any]]:
+    """The conversation with each assistant message's ``reasoning_content``
+    where the template reads it: as it is (Qwen3, GLM, Seed-OSS, ...), or as
+    ``thinking`` for templates that read that instead (gpt-oss); templates
+    that drop past reasoning (Gemma 4) read neither."""
+    if "reasoning_content" in template or not re.search(r"""(?:\.|\[['"])thinking\b""", template):
+        return list(messages)
+    return [
+        {**{k: v for k, v in m.items() if k != "reasoning_content"}, "thinking": m["reasoning_content"]}
+        if m.get("role") == "assistant" and m.get("reasoning_content")
+        else m
+        for m in messages
+    ]
 
 
 def system_as_user(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]] | None:

@@ -23,8 +23,16 @@ from ..errors import Hf2qError, one_line
 from ..request import context_length, encode_prompt, make_config
 from ..method_spec import parse_method
 from ..methods import method_named
-from .conversation import Conversation, encode_conversation, normalized, template_options
-from .events import Done, Event, Failure, NoReasoning, Ping, Pipeline, ReasoningSplitter
+from .conversation import (
+    Conversation,
+    chat_template_text,
+    encode_conversation,
+    normalized,
+    reasoning_history,
+    template_options,
+)
+from ..reasoning import NoReasoning, Splitter, reasoning_format, splitter_for
+from .events import Done, Event, Failure, Ping, Pipeline
 from .metrics import Metrics
 from .tool_calls import ToolUse, quoted_views, tool_use
 from .worker import Busy, Failed, Finished, Job, Piece, Worker
@@ -77,6 +85,7 @@ class Engine:
         if config.max_context is not None:
             limit = min(limit, config.max_context) if limit else config.max_context
         self.context = limit
+        self.reasoning_format = reasoning_format(self.target.tokenizer)
 
     # -- requests --------------------------------------------------------------
     def prepare(self, conv: Conversation) -> Prepared:
@@ -132,7 +141,8 @@ class Engine:
         prefix = conv.prefill + (use.prefix if use is not None else "")
         options = template_options(self.target.tokenizer, conv.thinking)
         tools = use.tools if use is not None else None
-        return encode_conversation(self.target, normalized(conv.messages), tools, prefix, options)
+        messages = reasoning_history(normalized(conv.messages), chat_template_text(self.target.tokenizer))
+        return encode_conversation(self.target, messages, tools, prefix, options)
 
     def _quoted(self, conv: Conversation, use: ToolUse | None) -> list[list[int]]:
         """With tools in play: the conversation's long texts as a call would
@@ -163,10 +173,17 @@ class Engine:
                 options[key] = served
         return text, options
 
-    def reasoning(self, conv: Conversation) -> ReasoningSplitter:
-        """How the model's raw text splits into reasoning and answer (the
-        seam for reasoning models: ``conv.thinking`` and the model choose it)."""
-        return NoReasoning()
+    def reasoning(self, prep: Prepared) -> Splitter:
+        """How the answer's raw text splits into reasoning and answer: by the
+        syntax the model's tokenizer declares, primed with the prompt's end
+        (a generation prompt that opens a think block starts in reasoning);
+        a forced tool call and a constrained answer (``response_format``)
+        start in the answer; a raw prompt (text completions) is all answer."""
+        conv = prep.conversation
+        if conv.prompt is not None or self.reasoning_format is None:
+            return NoReasoning()
+        forced = (prep.use is not None and bool(prep.use.prefix)) or conv.constraint is not None
+        return splitter_for(self.target.tokenizer, prep.ids, answering=forced)
 
     # -- running ---------------------------------------------------------------
     def submit(self, prep: Prepared, loop: asyncio.AbstractEventLoop) -> Job:
@@ -185,7 +202,7 @@ class Engine:
         :class:`Ping` every ``ping`` seconds without news. Ends early (and
         cancels the job) when the client leaves or the iteration is closed."""
         gone = asyncio.ensure_future(_disconnected(request))
-        pipeline = Pipeline(prep.use, self.reasoning(prep.conversation), prep.config.logprobs is not None)
+        pipeline = Pipeline(prep.use, self.reasoning(prep), prep.config.logprobs is not None)
         ttft, tokens, stop = None, [], None
         try:
             async for event in _until(job.stream(), gone, ping):
@@ -196,7 +213,8 @@ class Engine:
                         ttft = time.perf_counter() - prep.arrival
                     tokens.extend(event.tokens)
                     stop = event.stop or stop
-                    for e in pipeline.feed(event.text, event.logprobs):
+                    ends = event.ends if len(event.ends) == len(event.tokens) else None
+                    for e in pipeline.feed(event.text, event.logprobs, ends):
                         yield e
                 elif isinstance(event, Failed):
                     yield Failure(event)
@@ -221,10 +239,8 @@ class Engine:
             finish = "tool_calls"
         else:
             finish = "stop_sequence" if stop else "stop"
-        return [
-            *out,
-            Done(stats, finish, stop if finish == "stop_sequence" else None, tokens, pipeline.rest()),
-        ]
+        stop = stop if finish == "stop_sequence" else None
+        return [*out, Done(stats, finish, stop, tokens, pipeline.rest(), pipeline.reasoning_tokens)]
 
 
 async def _disconnected(request: Request) -> None:

@@ -2,17 +2,21 @@
 calls as they are written, keep-alives, and the end.
 
 The model's raw text goes through one :class:`Pipeline`: raw text ->
-reasoning split (a :class:`ReasoningSplitter`: which text is the model's
-reasoning and which its answer) -> tool split (``call_split``: content and
-calls) -> events. Each API renders the events in its own shapes
+reasoning split (a :class:`~hf2q_py.reasoning.Splitter`: which text is the
+model's reasoning and which its answer; tool calls written inside reasoning
+are reasoning) -> tool split (``call_split``: content and calls) -> events.
+The pipeline also counts the tokens whose text is reasoning
+(``Done.reasoning_tokens``). Each API renders the events in its own shapes
 (``openai_api``, ``anthropic_api``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
 
+from ..reasoning import REASONING, ReasoningTokens
+from ..reasoning import NoReasoning as NoReasoning
+from ..reasoning import Splitter as ReasoningSplitter
 from ..sampling import TokenLogprob
 from ..stats import GenerationStats
 from .call_split import CallDelta, CallEnd, CallSplitter, CallStart
@@ -47,13 +51,15 @@ class Done:
     ``stop_sequence`` (``stop_sequence`` ended it), ``length`` (the token
     budget), ``tool_calls`` (it ended with calls); ``tokens``: every
     generated token; ``logprobs``: those of tokens whose text never came out
-    as text (tool calls)."""
+    as text (tool calls); ``reasoning_tokens``: how many generated tokens
+    were reasoning."""
 
     stats: GenerationStats
     finish: str
     stop_sequence: str | None = None
     tokens: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    reasoning_tokens: int = 0
 
 
 @dataclass
@@ -66,25 +72,6 @@ class Failure:
 Event = TextDelta | ReasoningDelta | CallStart | CallDelta | CallEnd | Ping | Done | Failure
 
 
-class ReasoningSplitter(Protocol):
-    """Splits raw text into ``("reasoning", text)`` and ``("answer", text)``
-    parts as it streams in."""
-
-    def feed(self, text: str) -> list[tuple[str, str]]: ...
-
-    def finish(self) -> list[tuple[str, str]]: ...
-
-
-class NoReasoning:
-    """The splitter of a model that does not reason in its text: all of it is answer."""
-
-    def feed(self, text: str) -> list[tuple[str, str]]:
-        return [("answer", text)] if text else []
-
-    def finish(self) -> list[tuple[str, str]]:
-        return []
-
-
 class Pipeline:
     """One answer's raw text -> reasoning split -> tool split -> events.
     ``use``: the request's tools (None: the answer is text only)."""
@@ -93,19 +80,40 @@ class Pipeline:
         self.reasoning = reasoning
         self.calls = CallSplitter(use) if use is not None else None
         self.logprobs = logprobs
-        self.held: list[TokenLogprob] = []  # log-probabilities of tokens whose text is not out yet
+        self.held: list[TokenLogprob] = []  # log-probabilities of answer tokens whose text is not out yet
+        self.counted = ReasoningTokens()  # which tokens are reasoning
         self.called = False  # a call ended
 
-    def feed(self, text: str, logprobs: list[TokenLogprob] | None = None) -> list[Event]:
-        self.held.extend(logprobs or ())
-        out = self._route(self.reasoning.feed(text), final=False)
+    @property
+    def reasoning_tokens(self) -> int:
+        """Tokens whose text was reasoning, so far."""
+        return self.counted.count
+
+    def feed(
+        self, text: str, logprobs: list[TokenLogprob] | None = None, ends: list[int] | None = None
+    ) -> list[Event]:
+        """Events for more raw text; ``ends``: where each of its tokens'
+        text ends in it (None: not known, its tokens are not counted)."""
+        parts = self.reasoning.feed(text)
+        if ends is None:
+            self.held.extend(logprobs or ())
+        else:
+            self.counted.add(len(text), ends, logprobs)
+            self._settle()
+        out = self._route(parts, final=False)
         if self.calls is None and self.held and not any(isinstance(e, TextDelta) for e in out):
             out.append(TextDelta("", self._take()))  # tokens with no whole character yet
         return out
 
     def finish(self) -> list[Event]:
         """The events of what the splitters still held once the answer ended."""
-        return self._route(self.reasoning.finish(), final=True)
+        parts = self.reasoning.finish()
+        self._settle()
+        return self._route(parts, final=True)
+
+    def _settle(self) -> None:
+        """Count the tokens now known to be reasoning; keep the others' log-probabilities."""
+        self.held.extend(lp for lp in self.counted.settle(self.reasoning) if lp is not None)
 
     def rest(self) -> list[TokenLogprob]:
         """Log-probabilities never given out with text (tool calls)."""
@@ -115,7 +123,7 @@ class Pipeline:
         out: list[Event] = []
         items: list = []
         for kind, text in parts:
-            if kind == "reasoning":
+            if kind == REASONING:
                 out += self._events(items)
                 items = []
                 out.append(ReasoningDelta(text))

@@ -19,7 +19,7 @@ from .. import __version__
 from ..errors import Hf2qError, one_line
 from .conversation import Conversation
 from .engine import ApiError, Engine, Prepared
-from .events import CallDelta, CallEnd, CallStart, Done, Event, Failure, Ping, TextDelta
+from .events import CallDelta, CallEnd, CallStart, Done, Event, Failure, Ping, ReasoningDelta, TextDelta
 from .logprobs import LogprobWriter
 from .protocol import (
     ERROR_TYPES,
@@ -60,7 +60,7 @@ def conversation(req: ChatRequest | CompletionRequest) -> Conversation:
         return Conversation(prompt=req.prompt_input(), **common)
     return Conversation(
         messages=req.template_messages(), tools=req.tool_dicts(), tool_choice=req.choice(),
-        parallel_tool_calls=req.parallel_tool_calls is not False, **common,
+        parallel_tool_calls=req.parallel_tool_calls is not False, thinking=req.thinking(), **common,
     )  # fmt: skip
 
 
@@ -92,12 +92,14 @@ async def complete(
 async def _whole(
     engine: Engine, events: AsyncIterator[Event], shape: Shape, prep: Prepared, tokens: bool
 ) -> Response:
-    text, calls, lps = [], [], []
+    text, thought, calls, lps = [], [], [], []
     try:
         async for event in events:
             if isinstance(event, TextDelta):
                 text.append(event.text)
                 lps.extend(event.logprobs or ())
+            elif isinstance(event, ReasoningDelta):
+                thought.append(event.text)
             elif isinstance(event, CallEnd):
                 calls.append(event.call)
             elif isinstance(event, Failure):
@@ -106,7 +108,15 @@ async def _whole(
                 answer = "".join(text)
                 content = (answer or None) if prep.use is not None else answer
                 finish = openai_finish(event.finish)
-                body = shape.response(content, event.stats, prep.label, calls or None, finish)
+                body = shape.response(
+                    content,
+                    event.stats,
+                    prep.label,
+                    calls or None,
+                    finish,
+                    "".join(thought),
+                    event.reasoning_tokens,
+                )
                 if prep.config.logprobs is not None:
                     body["choices"][0]["logprobs"] = LogprobWriter(engine.target.tokenizer, shape.chat).body(
                         lps + event.logprobs
@@ -166,6 +176,8 @@ class _Chunks:
             if self.writer is not None and event.logprobs:
                 chunk["choices"][0]["logprobs"] = self.writer.body(event.logprobs)
             return _sse(chunk)
+        if isinstance(event, ReasoningDelta):
+            return _sse(shape.reasoning_chunk(event.text, with_usage=usage)) if event.text else ""
         if isinstance(event, CallStart):
             entry = {"index": event.index, "id": event.id, "type": "function",
                      "function": {"name": event.name, "arguments": ""}}  # fmt: skip
@@ -186,5 +198,5 @@ class _Chunks:
         last["hf2q"] = speculation(done.stats, self.label)
         out = _sse(last)
         if self.include_usage:
-            out += _sse(self.shape.usage_chunk(done.stats))
+            out += _sse(self.shape.usage_chunk(done.stats, done.reasoning_tokens))
         return out + "data: [DONE]\n\n"

@@ -21,7 +21,7 @@ from ..config import MAX_TOP_LOGPROBS
 from ..constraints import ConstraintSpec
 from ..errors import Hf2qError
 from ..stats import GenerationStats
-from .conversation import schema_problem
+from .conversation import Thinking, schema_problem
 from .tool_calls import ToolCall, history_arguments
 
 MAX_STOP_STRINGS = 16
@@ -55,18 +55,27 @@ class HistoryToolCall(_Strict):
 
 
 class Message(_Strict):
+    """A message of the conversation; an assistant's may carry its reasoning
+    (``reasoning_content``, or ``reasoning`` as mlx_lm.server and vLLM name it)."""
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_calls: list[HistoryToolCall] | None = Field(None, max_length=MAX_TOOLS)
     tool_call_id: str | None = Field(None, min_length=1, max_length=256)
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     @model_validator(mode="after")
     def _shape(self) -> Message:
         if self.tool_calls is not None and self.role != "assistant":
             raise ValueError("tool_calls: only an assistant message carries tool calls")
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError("content: required (null only in an assistant message with tool_calls)")
+        if (self.reasoning_content or self.reasoning) and self.role != "assistant":
+            raise ValueError("reasoning_content: only an assistant message carries reasoning")
+        if self.content is None and not (self.role == "assistant" and (self.tool_calls or self.thought())):
+            raise ValueError(
+                "content: required (null only in an assistant message with tool_calls or reasoning_content)"
+            )
         if self.role == "tool" and self.tool_call_id is None:
             raise ValueError("tool_call_id: a tool message names the call it answers")
         return self
@@ -76,6 +85,10 @@ class Message(_Strict):
         if self.content is None:
             return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+    def thought(self) -> str:
+        """The message's reasoning ("" when it has none)."""
+        return self.reasoning_content or self.reasoning or ""
 
 
 class FunctionDef(_Strict):
@@ -105,6 +118,14 @@ class NamedFunction(_Strict):
 class NamedToolChoice(_Strict):
     type: Literal["function"]
     function: NamedFunction
+
+
+class ChatTemplateKwargs(_Strict):
+    """The chat template variables a request may set (vLLM's and llama-server's
+    ``chat_template_kwargs``): the thinking switch only; other keys are ignored."""
+
+    enable_thinking: bool | None = None
+    thinking: bool | None = None
 
 
 class StreamOptions(_Strict):
@@ -185,6 +206,8 @@ class ChatRequest(_Request):
     response_format: dict[str, Any] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    chat_template_kwargs: ChatTemplateKwargs | None = None
 
     @field_validator("tool_choice", mode="before")
     @classmethod
@@ -194,6 +217,18 @@ class ChatRequest(_Request):
         raise ValueError(
             'must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
         )
+
+    def thinking(self) -> Thinking | None:
+        """What the request asks of a reasoning model: ``reasoning_effort``
+        (``none``: thinking off) and ``chat_template_kwargs``'
+        ``enable_thinking`` (or DeepSeek's ``thinking``)."""
+        kw = self.chat_template_kwargs
+        enabled = (
+            None if kw is None else kw.enable_thinking if kw.enable_thinking is not None else kw.thinking
+        )
+        if enabled is None and self.reasoning_effort is None:
+            return None
+        return Thinking(enabled=enabled, effort=self.reasoning_effort)
 
     def tool_dicts(self) -> list[dict[str, Any]] | None:
         """The tools as the chat template and the parsers take them."""
@@ -205,8 +240,9 @@ class ChatRequest(_Request):
 
     def template_messages(self) -> list[dict[str, Any]]:
         """The conversation for the chat template: ``developer`` as ``system``,
-        null content as empty text, call arguments as objects; a tool
-        message must answer a call of the assistant message before it."""
+        null content as empty text, call arguments as objects, an assistant's
+        reasoning as ``reasoning_content``; a tool message must answer a call
+        of the assistant message before it."""
         out: list[dict[str, Any]] = []
         open_ids: set[str] = set()  # calls of the last assistant message with tool_calls
         for i, m in enumerate(self.messages):
@@ -216,6 +252,8 @@ class ChatRequest(_Request):
             }
             if m.name is not None:
                 entry["name"] = m.name
+            if m.thought():
+                entry["reasoning_content"] = m.thought()
             if m.tool_calls:
                 entry["tool_calls"] = [
                     {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments":
@@ -335,12 +373,15 @@ def error_body(message: str, kind: str, code: str | None = None, param: str | No
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def usage(stats: GenerationStats) -> dict[str, Any]:
+def usage(stats: GenerationStats, reasoning_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage; ``completion_tokens_details.reasoning_tokens``: the
+    generated tokens that were reasoning."""
     return {
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.generated_tokens,
         "total_tokens": stats.prompt_tokens + stats.generated_tokens,
         "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
     }
 
 
@@ -407,16 +448,21 @@ class Shape:
         method: str,
         calls: list[ToolCall] | None = None,
         finish: str | None = None,
+        reasoning: str = "",
+        reasoning_tokens: int = 0,
     ) -> dict[str, Any]:
         """The whole answer; with ``calls``, the message carries them (content
         null when empty) and a finished answer's reason is ``tool_calls``
-        (``finish``, when given, is the reason)."""
+        (``finish``, when given, is the reason); with ``reasoning``, the
+        message's ``reasoning_content``."""
         body = self._head("chat.completion" if self.chat else "text_completion")
         choice = self._choice(text, finish or finish_reason(stats, bool(calls)), delta=False)
+        if reasoning:
+            choice["message"]["reasoning_content"] = reasoning
         if calls:
             choice["message"]["tool_calls"] = [c.openai() for c in calls]
         body["choices"] = [choice]
-        body["usage"] = usage(stats)
+        body["usage"] = usage(stats, reasoning_tokens)
         body["hf2q"] = speculation(stats, method)
         return body
 
@@ -435,6 +481,16 @@ class Shape:
             body["usage"] = None
         return body
 
+    def reasoning_chunk(self, text: str, *, with_usage: bool = False) -> dict[str, Any]:
+        """A stream's delta carrying reasoning (``delta.reasoning_content``)."""
+        body = self._head("chat.completion.chunk")
+        body["choices"] = [
+            {"index": 0, "delta": {"reasoning_content": text}, "logprobs": None, "finish_reason": None}
+        ]
+        if with_usage:
+            body["usage"] = None
+        return body
+
     def chunk(
         self, text: str | None, finish: str | None = None, *, role: bool = False, with_usage: bool = False
     ) -> dict[str, Any]:
@@ -444,8 +500,8 @@ class Shape:
             body["usage"] = None
         return body
 
-    def usage_chunk(self, stats: GenerationStats) -> dict[str, Any]:
+    def usage_chunk(self, stats: GenerationStats, reasoning_tokens: int = 0) -> dict[str, Any]:
         body = self._head("chat.completion.chunk" if self.chat else "text_completion")
         body["choices"] = []
-        body["usage"] = usage(stats)
+        body["usage"] = usage(stats, reasoning_tokens)
         return body

@@ -7,7 +7,10 @@ are mlx-lm's own, ``mlx_lm.tool_parsers``), plus what mlx-lm lacks: Llama
 3.x's bare JSON calls, Hermes-style ``<tool_call>`` templates mlx-lm does
 not recognise, and, for every model, a call written as JSON naming one of
 the request's tools, alone or in a fenced ```` ```json ```` block (how
-Qwen2.5-Coder answers; Ollama reads it the same way).
+Qwen2.5-Coder answers; Ollama reads it the same way), and gpt-oss's harmony
+messages addressed ``to=functions.NAME`` (which the reasoning splitter,
+``hf2q_py.reasoning``, hands on as ``<|channel|>commentary
+to=functions.NAME<|message|>ARGUMENTS<|call|>``).
 
 ``tool_choice``: ``auto`` renders the tools; ``none`` renders without
 them and parses nothing; ``required`` and a named function start the
@@ -30,6 +33,7 @@ from typing import Any
 from pydantic_core import from_json
 
 from ..errors import Hf2qError, one_line
+from ..reasoning import H_CALL, H_CHANNEL, H_MESSAGE, HARMONY_CALL
 
 #: A parser as mlx-lm's: the text between the markers, and the request's tools
 #: -> ``{"name", "arguments"}`` or a list of them; raises on what it cannot read.
@@ -105,6 +109,8 @@ def tool_format(tokenizer: Any) -> ToolFormat | None:
         name = "llama3_json"
     if name is None and "<tool_call>" in template:
         name = "json_tools"  # Hermes-style templates that mlx-lm does not name
+    if name is None and H_CHANNEL in template and "commentary" in template:
+        return ToolFormat("harmony", start=HARMONY_CALL, end=H_CALL, parse=parse_harmony_call)
     if name is None:
         return None
     if name == "llama3_json":
@@ -130,6 +136,16 @@ def tool_format(tokenizer: Any) -> ToolFormat | None:
         named=named,
         mistral_ids=name == "mistral",
     )
+
+
+def parse_harmony_call(text: str, _tools: Any = None) -> dict[str, Any]:
+    """A harmony call as the reasoning splitter hands it on
+    (``functions.NAME<|message|>ARGUMENTS``); raises when it is not a call
+    of a function."""
+    recipient, sep, arguments = text.partition(H_MESSAGE)
+    if not sep or not recipient.startswith("functions.") or not recipient[len("functions.") :]:
+        raise ValueError("not a call of a function")
+    return {"name": recipient[len("functions.") :], "arguments": json.loads(arguments)}
 
 
 def _mlx_lm_guess(hf: Any) -> str | None:

@@ -37,12 +37,14 @@ log = logging.getLogger("hf2q_py.server")
 class Piece:
     """Text decoded in one round, the tokens behind it and their
     log-probabilities (when the request asked for them); ``stop``: the stop
-    string that ended the text."""
+    string that ended the text; ``ends``: where each token's text ends in
+    ``text``."""
 
     text: str
     tokens: list[int]
     logprobs: list[TokenLogprob] | None = None
     stop: str | None = None
+    ends: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -115,7 +117,7 @@ class JobSink:
         self.job = job
 
     def chunk(self, chunk: GenerationChunk) -> None:
-        self.job.emit(Piece(chunk.text, chunk.tokens, chunk.logprobs, chunk.stop))
+        self.job.emit(Piece(chunk.text, chunk.tokens, chunk.logprobs, chunk.stop, chunk.ends))
 
     def done(self, stats: GenerationStats, error: Hf2qError | None = None) -> None:
         if error is None:
