@@ -229,14 +229,16 @@ def test_a_sharded_server_batches_concurrent_clients_with_its_ranks_in_step(tiny
     forwards beside a third (rounds of 2 in /metrics), each answer equal to
     the same request alone and to one process's; the third leaving mid-stream
     ends its row on both ranks; a request's errors, before the ranks see it
-    and after, leave them serving; Ctrl-C stops both."""
+    and after, leave them serving; the served draft model (sent by name)
+    drafts on both; Ctrl-C stops both."""
     model = hf2q_py.load(tiny_gguf)
     asks = {"a": (CODE, 40), "b": ("class A:\n    def f(self):\n        return 1\nclass B(A):\n", 24)}
     ids = {k: hf2q_py.encode_prompt(model, p, chat_template=False) for k, (p, _) in asks.items()}
     want = {
         k: hf2q_py.generate(model, ids[k], max_tokens=n, method="ngram").tokens for k, (_, n) in asks.items()
     }
-    with running_server("--model", str(tiny_gguf), "--method", "ngram", launcher=launcher()) as s:
+    flags = ("--model", str(tiny_gguf), "--method", "ngram", "--draft-model", str(tiny_gguf))
+    with running_server(*flags, launcher=launcher()) as s:
         client = openai.OpenAI(base_url=s.base, api_key="unused", max_retries=0, timeout=120)
 
         def complete(key: str, **extra) -> list[int]:
@@ -269,6 +271,8 @@ def test_a_sharded_server_batches_concurrent_clients_with_its_ranks_in_step(tiny
         with pytest.raises(openai.BadRequestError, match="out of range"):  # every rank fails it alike
             complete("a", hf2q={**TOKENS["hf2q"], "method": "layerskip:skip_layers=[99]"})
         assert complete("a") == want["a"], s.stderr()[-3000:]
+        drafted = complete("a", hf2q={**TOKENS["hf2q"], "method": "draft:k=4"})
+        assert_same_greedy(model.model, ids["a"], drafted, want["a"])
     deadline = time.monotonic() + 15
     while session_alive(s.process.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
