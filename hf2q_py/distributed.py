@@ -5,10 +5,11 @@ shards it (mlx-lm's ``shard`` for tensor parallelism, ``pipeline`` for
 pipeline parallelism) and runs the same speculative loop. The forwards keep
 the ranks' logits identical (their collectives sum or gather the same
 values), so drafts from tokens agree by construction; what could still
-differ is time. Each round the engine calls :func:`agree`: one small
-``all_sum`` gives every rank rank 0's timings (so adaptive draft lengths are
-chosen from the same numbers) and compares every rank's committed tokens (so
-a divergence is an error, not a hang or a silent difference).
+differ is time. Each round (a generation's alone, or a batch's for all its
+rows) the loop calls :func:`agree`: one small ``all_sum`` gives every
+rank rank 0's timings (so draft lengths and batch widths are chosen from
+the same numbers) and compares every rank's committed tokens (so a
+divergence is an error, not a hang or a silent difference).
 """
 
 from __future__ import annotations
@@ -28,10 +29,13 @@ SHARD_MODES = ("auto", "tensor", "pipeline", "none")
 #: Config fields a tensor-parallel split divides by the number of ranks.
 SPLIT_FIELDS = ("num_attention_heads", "num_key_value_heads", "intermediate_size")
 _CHECK_MODULO = 1 << 23  # float32 holds integers below 2**24 exactly
+_FAILED = -1.0  # a rank's check when its side of the round failed
 
 
 class RanksDiverged(Hf2qError):
-    """The ranks of a sharded generation committed different tokens."""
+    """The ranks of a sharded generation went apart: they committed
+    different tokens, or a round failed on one of them. Not the request's
+    fault."""
 
 
 @dataclass(frozen=True)
@@ -146,22 +150,35 @@ def barrier(group: Any) -> None:
     mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group, stream=mx.cpu))
 
 
-def agree(sharding: Sharding, values: Sequence[float], check: int = 0) -> list[float]:
+def agree(
+    sharding: Sharding, values: Sequence[float], check: int = 0, *, failed: bool = False
+) -> list[float]:
     """Rank 0's ``values`` on every rank, in one collective; raises
-    :class:`RanksDiverged` when ``check`` (say, a hash of the tokens just
-    committed) differs between ranks."""
+    :class:`RanksDiverged` on every rank when ``check`` (say, a hash of the
+    tokens just committed) differs between ranks, or when a rank says its
+    side of the work ``failed`` (the others then fail alike, none waits)."""
     n, rank = len(values), sharding.rank
     vector = [float(v) if rank == 0 else 0.0 for v in values] + [0.0] * sharding.size
-    vector[n + rank] = float(check % _CHECK_MODULO)
+    vector[n + rank] = _FAILED if failed else float(check % _CHECK_MODULO)
     out = mx.distributed.all_sum(mx.array(vector, dtype=mx.float32), group=sharding.group, stream=mx.cpu)
     out = out.tolist()
     checks = out[n:]
+    if _FAILED in checks:
+        raise RanksDiverged(f"this round failed on rank {checks.index(_FAILED)} of the sharded model")
     if any(c != checks[0] for c in checks):
         raise RanksDiverged(
             "the ranks of this sharded generation committed different tokens "
             f"(checks {[int(c) for c in checks]}); their weights or kernels differ"
         )
     return out[:n]
+
+
+def gathered(sharding: Sharding, value: int) -> list[int]:
+    """Every rank's ``value`` (a 32-bit integer), in rank order, on every rank."""
+    vector = [0] * sharding.size
+    vector[sharding.rank] = int(value)
+    out = mx.distributed.all_sum(mx.array(vector, dtype=mx.int32), group=sharding.group, stream=mx.cpu)
+    return out.tolist()
 
 
 def agree_seed(sharding: Sharding, seed: int) -> int:

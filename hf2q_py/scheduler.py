@@ -15,8 +15,15 @@ decodes), when its proposer cannot draft for a batch (``Proposer.batchable``),
 when its KV layout (``GenerationConfig.kv``) differs from the batch's, and
 until it is past the batch's ``quantized_kv_start`` (it joins once it is).
 
-Generations may be submitted from other threads (the server's HTTP side);
-everything else runs on the thread that calls :meth:`Scheduler.step`.
+Generations may be submitted and cancelled from other threads (the server's
+HTTP side); everything else runs on the thread that calls
+:meth:`Scheduler.step`. A step starts by taking its news (:meth:`Scheduler.news`:
+what was submitted and cancelled since the step before), and nothing in the
+step reads a submission or a cancellation that arrives later, so on a
+sharded target every rank can run the same steps: rank 0 hands each step's
+news to the other ranks (``Scheduler.announce``), they apply it
+(:meth:`Scheduler.apply`), and every decision the step makes from something
+measured on one rank takes rank 0's value (:meth:`Scheduler._agreed`).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import mlx.core as mx
 
 from .batch.runtime import BatchRuntime, batch_refusal
 from .config import GenerationConfig
+from .distributed import RanksDiverged, agree, token_check
 from .draft_length.batch import BatchCosts, plan_width
 from .errors import Hf2qError, one_line
 from .kv import KVConfig
@@ -67,7 +75,8 @@ class SchedulerConfig:
 
 class Sink:
     """Where one generation's output goes: chunks as they are ready, then
-    its end (``error``: a message, when it failed)."""
+    its end (``error``: a message, when it failed). This base discards both
+    (the sink of a generation another rank answers)."""
 
     def chunk(self, chunk: GenerationChunk) -> None: ...
 
@@ -90,16 +99,38 @@ class Entry:
     drafting: list[list[int]] = field(default_factory=list)
     passed_over: int = 0  # rounds another joining prompt was prefilled first
     batched: bool = True
-    cancelled: bool = False
+    cancelled: bool = False  # asked to stop (any thread)
+    halted: bool = False  # the cancellation as a step took it (what the scheduler's decisions read)
 
     def cancel(self) -> None:
-        """Stop between rounds (its caches stay whole); never start if it waits."""
+        """Stop between rounds, from the next step on (its caches stay whole);
+        never start if it waits."""
         self.cancelled = True
 
     @property
     def over(self) -> bool:
         """Whether it is finished, stopped by a stop string or cancelled."""
-        return self.seq.done or self.chunker.stopped or self.cancelled
+        return self.seq.done or self.chunker.stopped or self.halted
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A submitted generation as a step takes it: its entry's id, prompt
+    ids, config and drafting sources."""
+
+    id: int
+    ids: list[int]
+    config: GenerationConfig | None
+    drafting: list[list[int]]
+
+
+@dataclass
+class News:
+    """What changes the schedule at the start of a step: the generations
+    submitted since the step before, and the ids of those cancelled since."""
+
+    arrivals: list[Arrival] = field(default_factory=list)
+    cancelled: list[int] = field(default_factory=list)
 
 
 class Scheduler:
@@ -112,8 +143,9 @@ class Scheduler:
         self._batch: BatchRuntime | None = None
         self._refusal: str | None | bool = False  # False: not asked yet
         self.costs = BatchCosts()
-        self.lock = threading.RLock()  # guards ``waiting`` (submissions come from other threads)
-        self.waiting: deque[Entry] = deque()
+        self.lock = threading.RLock()  # guards ``incoming`` and ``waiting`` (read from other threads)
+        self.incoming: deque[Entry] = deque()  # submitted, not yet taken by a step
+        self.waiting: deque[Entry] = deque()  # taken, waiting to be admitted
         self.joining: deque[Entry] = deque()  # admitted, prefilling
         self.rows: list[Entry] = []  # running in the batch
         self.alone: deque[Entry] = deque()  # running on their own
@@ -122,6 +154,8 @@ class Scheduler:
         self._row_drafters: dict[int, BatchDrafter] = {}  # by entry id: the rows they draft for
         #: Rounds run per batch size (rows sharing a forward).
         self.rounds_by_size: dict[int, int] = {}
+        #: Called with each step's news as the step takes it (rank 0 of a sharded target tells the others).
+        self.announce: Callable[[News], None] | None = None
 
     # -- requests ---------------------------------------------------------------
     def submit(
@@ -142,17 +176,17 @@ class Scheduler:
             stats = sequence.stats
         elif stats is None:
             stats = GenerationStats(method=config.spec.method)
-        entry = Entry(next(self._ids), list(ids), config, sink, stats, on_round, seq=sequence,
-                      drafting=list(drafting))  # fmt: skip
         with self.lock:
-            self.waiting.append(entry)
+            entry = Entry(next(self._ids), list(ids), config, sink, stats, on_round, seq=sequence,
+                          drafting=list(drafting))  # fmt: skip
+            self.incoming.append(entry)
         return entry
 
     @property
     def queued(self) -> int:
         """Generations waiting to be admitted, not cancelled."""
         with self.lock:
-            return sum(not e.cancelled for e in self.waiting)
+            return sum(not e.cancelled for e in (*self.incoming, *self.waiting))
 
     @property
     def active(self) -> int:
@@ -161,7 +195,7 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
-        return not (self.waiting or self.active)
+        return not (self.incoming or self.waiting or self.active)
 
     @property
     def batch(self) -> BatchRuntime | None:
@@ -172,9 +206,50 @@ class Scheduler:
             self._batch = BatchRuntime(self.target, kv=self.config.kv)
         return self._batch
 
+    # -- news -------------------------------------------------------------------
+    def news(self) -> News:
+        """Take what was submitted and cancelled since the last step: the
+        submitted join the waiting queue, the cancelled are halted (the
+        step's decisions read ``Entry.halted``, so a cancellation that
+        arrives during a step counts from the next one)."""
+        with self.lock:
+            arrived = list(self.incoming)
+            self.incoming.clear()
+            self.waiting.extend(arrived)
+            waiting = list(self.waiting)
+        halted = []
+        for entry in (*waiting, *self.joining, *self.rows, *self.alone):
+            if entry.cancelled and not entry.halted:
+                entry.halted = True
+                halted.append(entry.id)
+        return News([Arrival(e.id, e.ids, e.config, e.drafting) for e in arrived], halted)
+
+    def apply(self, news: News) -> None:
+        """Take another scheduler's ``news`` instead (a rank of a sharded target
+        other than 0 takes rank 0's): the same generations wait, under the
+        same ids, their output discarded, and the same ones are halted."""
+        with self.lock:
+            for a in news.arrivals:
+                stats = GenerationStats(**({"method": a.config.spec.method} if a.config is not None else {}))
+                entry = Entry(a.id, list(a.ids), a.config, Sink(), stats, drafting=list(a.drafting))
+                self.waiting.append(entry)
+            waiting = list(self.waiting)
+        gone = set(news.cancelled)
+        for entry in (*waiting, *self.joining, *self.rows, *self.alone):
+            if entry.id in gone:
+                entry.cancelled = entry.halted = True
+
     # -- rounds -----------------------------------------------------------------
-    def step(self) -> None:
-        """One round of everything admitted (see the module docstring)."""
+    def step(self, news: News | None = None) -> None:
+        """One round of everything admitted (see the module docstring), after
+        taking this step's news (:meth:`news`, handed to :attr:`announce`),
+        or applying ``news`` from elsewhere (:meth:`apply`)."""
+        if news is None:
+            news = self.news()
+            if self.announce is not None:
+                self.announce(news)
+        else:
+            self.apply(news)
         self._drop_cancelled()
         self._admit()
         if self.joining:
@@ -201,7 +276,7 @@ class Scheduler:
                 if not self.waiting:
                     return
                 entry = self.waiting.popleft()
-            if entry.cancelled:
+            if entry.halted:
                 entry.sink.done(entry.stats)
                 continue
             try:
@@ -320,7 +395,9 @@ class Scheduler:
         self.alone.append(entry)
 
     def _round(self) -> None:
-        """One round of every row of the batch: drafts, one width, one forward, one read."""
+        """One round of every row of the batch: drafts, one width, one forward,
+        one read; on a sharded target then one agreement (rank 0's seconds,
+        every row's tokens checked). A failure fails every row (on every rank)."""
         turns = self._turns(self.rows)
         if not turns:
             return
@@ -328,18 +405,35 @@ class Scheduler:
         for e, t in turns:
             e.seq.cut(t, width)
         t0 = time.perf_counter()
+        results, error = [], None
         try:
             host = self._verify(turns)
+            seconds = time.perf_counter() - t0
+            results = [e.seq.resolve(t, parts) for (e, t), parts in zip(turns, host)]
         except Exception as e:  # noqa: BLE001 - a failed forward leaves the batch's caches unknown
-            self._reset(e)
+            seconds, error = time.perf_counter() - t0, e
+        try:
+            (seconds,) = self._agreed([seconds], _tokens_check(results), failed=error is not None)
+        except RanksDiverged as e:
+            error = error or e
+        if error is not None:
+            self._reset(error)
             return
-        seconds = time.perf_counter() - t0
         self.costs.update(len(turns) * (max(len(t.draft) for _, t in turns) + 1), seconds)
         self.rounds_by_size[len(turns)] = self.rounds_by_size.get(len(turns), 0) + 1
-        results = [e.seq.resolve(t, parts) for (e, t), parts in zip(turns, host)]
         self.batch.settle()
         for (e, t), result in zip(turns, results):
             self._emit(e, e.seq.record, t, result, seconds=seconds)
+
+    def _agreed(self, values: list[float], check: int = 0, *, failed: bool = False) -> list[float]:
+        """``values`` as every rank decides from them: on a sharded target rank
+        0's, in one small collective that also compares every rank's ``check``
+        (a hash of the tokens just committed) and whether any rank ``failed``
+        (:func:`~hf2q_py.distributed.agree`); else ``values`` themselves.
+        Whatever the scheduler decides from a measurement of its own rank
+        (seconds, free memory) goes through here."""
+        sharding = self.target.sharding
+        return list(values) if sharding is None else agree(sharding, values, check, failed=failed)
 
     def _turns(self, entries: list[Entry]) -> list[tuple[Entry, Turn]]:
         """Each row's turn of the round: asked, drafted (on the host row by
@@ -463,6 +557,8 @@ class Scheduler:
     def _fail(self, entry: Entry, error: Exception) -> None:
         if not isinstance(error, Hf2qError):
             log.error("generation failed: %s", one_line(error), exc_info=error)
+        elif isinstance(error, RanksDiverged):
+            log.error("generation failed: %s", one_line(error))
         try:
             if entry.seq is not None and entry.seq.rt is not None:
                 entry.seq.close(keep=False)
@@ -483,16 +579,16 @@ class Scheduler:
         """Cancelled generations end before the round: waiting ones never
         start, joining and running ones close with their caches whole."""
         with self.lock:
-            gone = [e for e in self.waiting if e.cancelled]
+            gone = [e for e in self.waiting if e.halted]
             for entry in gone:
                 self.waiting.remove(entry)
         for entry in gone:
             entry.sink.done(entry.stats)
-        for entry in [e for e in self.joining if e.cancelled]:
+        for entry in [e for e in self.joining if e.halted]:
             self.joining.remove(entry)
             entry.seq.close(keep=False)
             entry.sink.done(entry.stats)
-        for entry in [e for e in (*self.rows, *self.alone) if e.cancelled]:
+        for entry in [e for e in (*self.rows, *self.alone) if e.halted]:
             self._leave(entry)
 
     def fail_all(self, error: Exception | None = None) -> None:
@@ -507,9 +603,14 @@ class Scheduler:
     def cancel_all(self) -> None:
         """Cancel every generation (waiting ones never start)."""
         with self.lock:
-            waiting = list(self.waiting)
+            waiting = [*self.incoming, *self.waiting]
         for entry in (*waiting, *self.joining, *self.rows, *self.alone):
             entry.cancel()
+
+
+def _tokens_check(results: list[tuple[int, list[int], Any]]) -> int:
+    """A hash of the tokens a batched round resolved, row by row."""
+    return token_check([x for _, new, _ in results for x in (len(new), *new)])
 
 
 class Failure(Hf2qError):

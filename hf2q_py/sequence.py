@@ -37,7 +37,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from .distributed import Sharding, agree, token_check
+from .distributed import Sharding, agree, gathered, token_check
 from .draft_length import NoDrafts, Policy, build_policy
 from .draft_length.batch import Offer, offer
 from .errors import Hf2qError
@@ -177,7 +177,8 @@ class Sequence:
 
     def begin(self, runtime: Runtime | None = None) -> None:
         """Take a runtime (default: a fresh one, from the prompt cache where it
-        holds part of the prompt); :attr:`pending` is what remains to prefill
+        holds part of the prompt: on a sharded target, where every rank's
+        holds the same length); :attr:`pending` is what remains to prefill
         (all of the prompt but its last token, which the first round feeds)."""
         self.stats.prompt_tokens = len(self.prompt)
         self._t0 = time.perf_counter()
@@ -186,6 +187,8 @@ class Sequence:
             cache = self.target.prompt_cache
             if cache is not None and not self.proposer.capture_layers:
                 snap, n = cache.lookup(self.prompt, limit=len(self.prompt) - 1, kv=runtime.kv)
+                if self.target.sharding is not None and len(set(gathered(self.target.sharding, n))) > 1:
+                    snap = None  # every rank prefills alike: a prefix not every rank holds is not reused
                 if snap is not None:
                     runtime.restore(snap, n)
         self.rt = runtime
@@ -434,8 +437,8 @@ class Sequence:
         policy and the proposer learn from it; returns the committed tokens.
         ``batched``: the round was one row of a batch, whose cost the batch's
         planner learns, so the policy learns acceptance only."""
-        if self.target.sharding is not None and self.proposer.active:
-            _agree(self.target.sharding, r, new)
+        if self.target.sharding is not None and self.proposer.active and not batched:
+            _agree(self.target.sharding, r, new)  # a batch's rows: the scheduler's one agreement a round
         if batched:
             if r.drafted:
                 self.policy.observe(r.drafted, r.accepted, r.key)

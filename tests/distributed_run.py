@@ -1,6 +1,7 @@
 """Run under ``mlx.launch`` (or alone, for the one-rank reference) by
 test_distributed.py: tiny models sharded over the launched group, every
-method, one JSON line per rank with the tokens each generation gave."""
+method, and three generations batched; one JSON line per rank with the
+tokens each generation gave (and the batch sizes the rounds had)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from models import random_prompt, tiny_model  # noqa: E402
 
 from hf2q_py.distributed import launched_group, shard_model  # noqa: E402
 from hf2q_py.errors import Hf2qError  # noqa: E402
+from hf2q_py.prompt_cache import PromptCache  # noqa: E402
+from hf2q_py.request import GenerationChunk, make_config  # noqa: E402
+from hf2q_py.scheduler import Scheduler, SchedulerConfig, Sink  # noqa: E402
 from hf2q_py.target import Target  # noqa: E402
 
 #: (architecture, shard mode, methods): tensor-parallel llama under every
@@ -65,7 +69,49 @@ def run(arch: str, mode: str, methods, drafter: str, group) -> dict:
             out[name] = f"error: {e}"
     unseeded = hf2q_py.generate(target, prompt, max_tokens=24, method="ngram", temperature=1.0)
     out[f"{arch}/{mode}/unseeded"] = unseeded.tokens  # compared between ranks only
+    out[f"{arch}/{mode}/batched"], sizes = batched(target, prompt)
+    out[f"{arch}/{mode}/batched/sizes"] = sizes  # compared between ranks only
+    if arch == "llama":
+        out[f"{arch}/{mode}/prompt_cache"], out[f"{arch}/{mode}/prompt_cache/cached"] = cache_reuse(
+            target, prompt
+        )
     return out
+
+
+def cache_reuse(target: Target, prompt: list[int]) -> tuple[list[list[int]], list[int]]:
+    """Three turns of a conversation on a prompt cache, which rank 1 empties
+    after the first: the turns' tokens, and the prompt tokens each reused."""
+    target.prompt_cache = PromptCache()
+    turns, cached = [], []
+    for extra in ([], [5, 6, 7], [8, 9]):
+        prompt = prompt + (turns[-1] if turns else []) + extra
+        result = hf2q_py.generate(target, prompt, max_tokens=8, method="ngram")
+        turns.append(result.tokens)
+        cached.append(result.stats.cached_tokens)
+        if len(turns) == 1 and target.sharding is not None and target.sharding.rank == 1:
+            target.prompt_cache.clear()  # rank 0 alone holds the state the next prompt extends
+    target.prompt_cache = None
+    return turns, cached
+
+
+class Tokens(Sink):
+    def __init__(self):
+        self.tokens: list[int] = []
+
+    def chunk(self, chunk: GenerationChunk) -> None:
+        self.tokens.extend(chunk.tokens)
+
+
+def batched(target: Target, prompt: list[int]) -> tuple[list[list[int]], dict[int, int]]:
+    """Three n-gram generations (one of them sampled) run by one scheduler:
+    their tokens, and its rounds by batch size."""
+    scheduler = Scheduler(target, SchedulerConfig(max_batch=4))
+    configs = [make_config(max_tokens=40), make_config(max_tokens=32, **SAMPLED), make_config(max_tokens=24)]
+    sinks = [Tokens() for _ in configs]
+    for i, (config, sink) in enumerate(zip(configs, sinks)):
+        scheduler.submit(prompt[i * 5 :], config, sink)
+    scheduler.run()
+    return [s.tokens for s in sinks], scheduler.rounds_by_size
 
 
 def main() -> None:

@@ -196,12 +196,46 @@ def test_a_finished_row_leaves_a_state_the_next_request_reuses():
     assert_same_greedy(target.model, follow_up, again.tokens, want)
 
 
+def test_a_scheduler_applying_anothers_news_holds_the_same_generations_after_every_step():
+    """What a sharded target's ranks rely on: the leading scheduler takes each
+    step's news (submissions and cancellations, some arriving mid-step from
+    its sinks), a following one applies it, and after every step both hold
+    the same generations waiting, joining, batched and alone."""
+    lead, follow = (Scheduler(tiny_target("llama", scale=2.0), SchedulerConfig(max_batch=3)) for _ in "ab")
+    sent = []
+    lead.announce = sent.append
+    sinks = [submit(lead, lead.target, p, max_tokens=30, **REJECTING)[1] for p in PROMPTS[:2]]
+    late = {}
+
+    class MidStep(Collect):  # a submission and a cancellation that land during a step
+        def chunk(self, chunk):
+            super().chunk(chunk)
+            if self.chunks == 3:
+                late["entry"], late["sink"] = submit(
+                    lead, lead.target, PROMPTS[3], max_tokens=20, **REJECTING
+                )
+                lead_entries[0].cancel()
+
+    lead_entries = [lead.submit(PROMPTS[2], make_config(max_tokens=30, **REJECTING), MidStep())]
+
+    def places(s: Scheduler) -> list[list[int]]:
+        return [[e.id for e in q] for q in (s.waiting, s.joining, s.rows, s.alone)]
+
+    while not lead.idle:
+        lead.step()
+        follow.step(sent[-1])
+        assert places(lead) == places(follow)
+    assert follow.idle and lead.rounds_by_size == follow.rounds_by_size and max(lead.rounds_by_size) == 3
+    assert late["sink"].stats is not None and late["sink"].error is None and sinks[0].error is None
+    assert lead_entries[0].halted and 0 < len(lead_entries[0].sink.tokens) < 30
+
+
 def test_a_batched_round_makes_one_blocking_read():
     target = tiny_target("llama", scale=2.0)
     scheduler = Scheduler(target, SchedulerConfig(max_batch=4))
     for p, n in zip(PROMPTS[:4], (30, 35, 40, 45)):
         submit(scheduler, target, p, max_tokens=n, **REJECTING)
-    while scheduler.joining or scheduler.waiting:
+    while scheduler.incoming or scheduler.waiting or scheduler.joining:
         scheduler.step()
     rounds = 0
     with count_reads() as reads:

@@ -10,13 +10,16 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import openai
 import pytest
 from gguf_export import export
+from helpers import assert_same_greedy
 from models import tiny_target
+from prometheus_client.parser import text_string_to_metric_families
 from server_process import running_server
 
 import hf2q_py
@@ -31,6 +34,9 @@ LAUNCH = BIN / "mlx.launch"
 HF2Q = BIN / "hf2q-py"
 TIMEOUT = 300
 TOKENS = {"hf2q": {"return_tokens": True}}
+CODE = "def f(x):\n    return x\ndef f(x):\n"
+#: What distributed_run.py's ranks compare with each other only (not with one process).
+BETWEEN_RANKS = ("unseeded", "/sizes", "/cached")
 
 
 def free_port() -> int:
@@ -70,8 +76,9 @@ def error_lines(stderr: str) -> list[str]:
 
 def test_every_method_on_two_ranks_gives_the_tokens_of_one(tmp_path):
     """Greedy and seeded sampling, tensor and pipeline, rollback on sliding
-    windows (gpt-oss) and recurrent layers (qwen3-next); unseeded sampling
-    agrees between the ranks."""
+    windows (gpt-oss) and recurrent layers (qwen3-next), alone and batched;
+    unseeded sampling and the batch sizes agree between the ranks, and a
+    prompt-cache state one rank lacks is reused by neither."""
     drafter = tmp_path / "drafter"
     target = tiny_target("llama", seed=1, scale=2.0)
     save_drafter(drafter_for(target, layers=1, target_layer_ids=(1, 3), block_size=8), drafter)
@@ -83,14 +90,18 @@ def test_every_method_on_two_ranks_gives_the_tokens_of_one(tmp_path):
     assert {r["rank"] for r in ranks} == {0, 1} and all(r["ranks"] == 2 for r in ranks)
     for r in ranks:
         for name, tokens in one.items():
-            if name.endswith("unseeded") or name in ("rank", "ranks"):
+            if name.endswith(BETWEEN_RANKS) or name in ("rank", "ranks"):
                 continue
             if name.startswith("qwen2/pipeline/") and name.endswith(("layerskip", "dflash")):
                 assert "a pipeline-sharded rank holds only some" in r[name]  # refused alike
             else:
                 assert r[name] == tokens, (r["rank"], name)
-    for name in (n for n in one if n.endswith("unseeded")):
+    for name in (n for n in one if n.endswith(BETWEEN_RANKS)):
         assert ranks[0][name] == ranks[1][name], name
+    for name in (n for n in one if n.endswith("/sizes")):
+        assert any(int(size) > 1 for size in ranks[0][name]), (name, ranks[0][name])  # rounds were shared
+    cached = ranks[0]["llama/tensor/prompt_cache/cached"]
+    assert one["llama/tensor/prompt_cache/cached"][1] > 0 and cached[1] == 0 and cached[2] > 0, cached
 
 
 @pytest.fixture(scope="module")
@@ -211,3 +222,80 @@ def session_alive(session: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_a_sharded_server_batches_concurrent_clients_with_its_ranks_in_step(tiny_gguf):
+    """Every rank steps the same scheduler: two clients at once share batched
+    forwards beside a third (rounds of 2 in /metrics), each answer equal to
+    the same request alone and to one process's; the third leaving mid-stream
+    ends its row on both ranks; a request's errors, before the ranks see it
+    and after, leave them serving; the served draft model (sent by name)
+    drafts on both; Ctrl-C stops both."""
+    model = hf2q_py.load(tiny_gguf)
+    asks = {"a": (CODE, 40), "b": ("class A:\n    def f(self):\n        return 1\nclass B(A):\n", 24)}
+    ids = {k: hf2q_py.encode_prompt(model, p, chat_template=False) for k, (p, _) in asks.items()}
+    want = {
+        k: hf2q_py.generate(model, ids[k], max_tokens=n, method="ngram").tokens for k, (_, n) in asks.items()
+    }
+    flags = ("--model", str(tiny_gguf), "--method", "ngram", "--draft-model", str(tiny_gguf))
+    with running_server(*flags, launcher=launcher()) as s:
+        client = openai.OpenAI(base_url=s.base, api_key="unused", max_retries=0, timeout=120)
+
+        def complete(key: str, **extra) -> list[int]:
+            prompt, n = asks[key]
+            r = client.completions.create(
+                model="llama", prompt=prompt, max_tokens=n, temperature=0, extra_body={**TOKENS, **extra}
+            )
+            return r.model_extra["hf2q"]["tokens"]
+
+        for key in asks:
+            assert complete(key) == want[key], s.stderr()[-3000:]  # alone: as one process
+        before = batch_rounds(s)
+        leaving = open_stream(s, "a b c", 4000, "baseline")  # generating until it leaves
+        got: dict[str, list[int]] = {}
+        clients = [threading.Thread(target=lambda k=k: got.update({k: complete(k)})) for k in asks]
+        for t in clients:
+            t.start()
+        deadline = time.monotonic() + 120
+        while batch_rounds(s).get(2, 0) == before.get(2, 0) and time.monotonic() < deadline:
+            time.sleep(0.05)  # until a client's row shares the leaving one's forwards
+        leaving.sock.close()
+        leaving.close()
+        for t in clients:
+            t.join(120)
+        for key in asks:
+            assert_same_greedy(model.model, ids[key], got[key], want[key])
+        assert batch_rounds(s).get(2, 0) > before.get(2, 0), batch_rounds(s)
+        with pytest.raises(openai.BadRequestError, match="temperature"):  # refused before any rank runs it
+            client.completions.create(model="llama", prompt=CODE, max_tokens=4, temperature=5)
+        with pytest.raises(openai.BadRequestError, match="out of range"):  # every rank fails it alike
+            complete("a", hf2q={**TOKENS["hf2q"], "method": "layerskip:skip_layers=[99]"})
+        assert complete("a") == want["a"], s.stderr()[-3000:]
+        drafted = complete("a", hf2q={**TOKENS["hf2q"], "method": "draft:k=4"})
+        assert_same_greedy(model.model, ids["a"], drafted, want["a"])
+    deadline = time.monotonic() + 15
+    while session_alive(s.process.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not session_alive(s.process.pid)
+    assert "hf2q_py" not in s.stderr() and "error" not in s.stderr().lower(), s.stderr()[-3000:]
+
+
+def open_stream(server, prompt: str, max_tokens: int, method: str) -> http.client.HTTPConnection:
+    """A streamed completion whose first bytes are read: it is generating."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    body = {"model": "llama", "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+            "hf2q": {"method": method}}  # fmt: skip
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    conn.getresponse().read1(100)
+    return conn
+
+
+def batch_rounds(server) -> dict[int, float]:
+    """The server's batched forwards by batch size (from /metrics)."""
+    raw = server.raw("GET", "/metrics")[2].decode()
+    return {
+        int(s.labels["size"]): s.value
+        for f in text_string_to_metric_families(raw)
+        for s in f.samples
+        if s.name == "hf2q_batch_rounds_total"
+    }

@@ -39,8 +39,6 @@ BATCHABLE = (KVCache, QuantizedKVCache, SlidingWindowCache, ArraysCache)
 
 def batch_refusal(target: Target) -> str | None:
     """Why ``target`` cannot run batched (one line), or None."""
-    if target.sharding is not None:
-        return "a sharded model runs one sequence at a time"
     kinds = {type(c) for c in target.runtime().cache}
     odd = sorted(k.__name__ for k in kinds if k not in BATCHABLE)
     if odd:

@@ -11,7 +11,8 @@ anthropic_api.py       Anthropic's Messages API (anthropic_protocol.py: its mode
 worker.py              the one owner of the model: jobs batched by a scheduler, cancellable
 app.py, guard.py       the routes, errors in each API's envelope, body limit and API key
 metrics.py             Prometheus metrics
-main.py                binding the port, the HTTP thread, signals
+main.py                binding the port, the HTTP thread, signals; follow (a sharded target's other ranks)
+relay.py               a sharded target's step news, from rank 0's worker to the others'
 """
 
 from __future__ import annotations

@@ -14,14 +14,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import uvicorn
 
 from ..errors import Hf2qError
+from ..scheduler import SchedulerConfig
 from ..target import Target
 from .app import ServerConfig, create_app
 from .relay import Relay
-from ..scheduler import SchedulerConfig
 from .worker import Worker
 
 STARTUP_SECONDS = 30.0
@@ -54,10 +55,8 @@ def serve(
     """Serve ``target`` on ``host:port`` (or on ``sock``, already listening)
     until SIGINT or SIGTERM; returns the exit status. ``announce`` receives
     the URL once the server answers. A sharded target is served from rank 0
-    while the other ranks run :func:`~hf2q_py.server.relay.follow`."""
-    logging.basicConfig(
-        level=logging.INFO, format="hf2q-py serve: %(levelname)s %(message)s", stream=sys.stderr
-    )
+    while the other ranks run :func:`follow`."""
+    _log_to_stderr()
     sock = sock or bind(host, port)
     sharding = getattr(target, "sharding", None)
     relay = Relay(sharding) if sharding is not None else None
@@ -105,3 +104,20 @@ def serve(
             signal.signal(s, handler)
         sock.close()
     return 0
+
+
+def follow(target: Target, models: dict[str, Any], scheduling: SchedulerConfig) -> int:
+    """A rank of a sharded target other than 0: run every step rank 0's
+    server runs (``models``: the served draft model under ``"draft"``;
+    ``scheduling`` as rank 0's) until it stops; returns the exit status.
+    SIGINT is ignored here: rank 0 takes it and stops every rank."""
+    _log_to_stderr()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    Worker(target, relay=Relay(target.sharding, models), scheduling=scheduling).follow()
+    return 0
+
+
+def _log_to_stderr() -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="hf2q-py serve: %(levelname)s %(message)s", stream=sys.stderr
+    )

@@ -1,19 +1,19 @@
-"""Serving a sharded model: rank 0 answers HTTP, every rank runs each generation.
+"""Serving a sharded model: every rank runs the same scheduler, in step.
 
-Under ``mlx.launch`` rank 0 runs the server; the other ranks run
-:func:`follow`. Before each job rank 0 sends the job (token ids and its
-``GenerationConfig``) to every rank; after each round of it every rank
-takes rank 0's word on whether the job goes on (a client that went away
-ends it on every rank at the same round). Between jobs rank 0 sends an idle
-tick every ``IDLE_TICK`` seconds, and the other ranks sleep most of the
-time between ticks instead of spinning in a collective.
+Under ``mlx.launch`` every rank runs a :class:`~hf2q_py.server.worker.Worker`
+over its shard of the model; rank 0's answers HTTP. Before each step of its
+scheduler rank 0 sends the step's news (the generations submitted since the
+step before: rank 0's entry ids, token ids, ``GenerationConfig`` and
+drafting sources; the ids of those cancelled since) to every rank; the other
+ranks apply it to their own schedulers (output discarded) and step too
+(:meth:`Worker.follow`). With nothing to run rank 0 sends an idle tick every
+``IDLE_TICK`` seconds, and the other ranks sleep most of the time between
+ticks instead of spinning in a collective; a stop ends them.
 """
 
 from __future__ import annotations
 
-import logging
 import pickle
-import signal
 import time
 from dataclasses import replace
 from typing import Any
@@ -23,103 +23,90 @@ import numpy as np
 
 from ..config import GenerationConfig
 from ..distributed import Sharding
-from ..errors import Hf2qError
-from ..generation import stream_generate
+from ..scheduler import News
 from ..target import Target
-
-log = logging.getLogger("hf2q_py.server")
 
 IDLE_TICK = 0.1  # seconds between rank 0's idle ticks
 _FOLLOWER_NAP = 0.8 * IDLE_TICK  # what the other ranks sleep after a tick
-_STOP, _IDLE = -1, 0
+_IDLE, _STEP, _STOP = 0, 1, 2
 _SERVED_DRAFT = "<the served draft model>"
 
 
 class Relay:
-    """Rank 0's side of serving on a sharded target."""
+    """A sharded target's step news: rank 0 sends it, the other ranks
+    receive it. ``models`` holds the served draft model under ``"draft"``
+    (sent by name, not pickled)."""
 
-    def __init__(self, sharding: Sharding):
+    def __init__(self, sharding: Sharding, models: dict[str, Any] | None = None):
         self.sharding = sharding
+        self.models = models or {}
         self.stopped = False
 
-    def send(self, ids: list[int], config: GenerationConfig) -> None:
-        """Tell every rank to run this job."""
-        _send(self.sharding, pickle.dumps((ids, _portable(config))))
+    @property
+    def leads(self) -> bool:
+        """Whether this rank sends (rank 0)."""
+        return self.sharding.rank == 0
+
+    # -- rank 0 -----------------------------------------------------------------
+    def send(self, news: News) -> None:
+        """Tell every rank to run a step that first applies ``news``."""
+        if not (news.arrivals or news.cancelled):
+            _send(self.sharding, _STEP)
+            return
+        arrivals = [replace(a, config=_portable(a.config)) for a in news.arrivals]
+        _send(self.sharding, _STEP, pickle.dumps(News(arrivals, list(news.cancelled))))
 
     def idle(self) -> None:
         """Nothing to run yet (the other ranks nap, then listen again)."""
-        _send(self.sharding, None, _IDLE)
+        _send(self.sharding, _IDLE)
 
     def stop(self) -> None:
-        """Tell every rank to return from :func:`follow` (once; later calls do nothing)."""
+        """Tell every rank to stop following (once; later calls do nothing)."""
         if not self.stopped:
             self.stopped = True
-            _send(self.sharding, None, _STOP)
+            _send(self.sharding, _STOP)
 
-    def going_on(self, go: bool) -> bool:
-        """Rank 0's ``go`` after a round, on every rank."""
-        return _rank0_flag(self.sharding, go)
-
-
-def follow(target: Target, models: dict[str, Any]) -> int:
-    """A rank other than 0: run every job rank 0 sends until it stops.
-
-    ``models`` holds the served draft model under ``"draft"``. SIGINT is
-    ignored here: rank 0 takes it and stops every rank at a job's end.
-    """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sharding = target.sharding
-    while True:
-        kind, payload = _receive(sharding)
-        if kind == _STOP:
-            return 0
-        if kind == _IDLE:
+    # -- the other ranks --------------------------------------------------------
+    def receive(self) -> News | None:
+        """The next step's news (napping after idle ticks), or None once rank 0 stops."""
+        while True:
+            kind, payload = _receive(self.sharding)
+            if kind == _STOP:
+                return None
+            if kind == _STEP:
+                break
             time.sleep(_FOLLOWER_NAP)
-            continue
-        ids, config = pickle.loads(payload)
-        _run(target, ids, _restored(config, models), sharding)
+        if not payload:
+            return News()
+        news = pickle.loads(payload)
+        news.arrivals = [replace(a, config=_restored(a.config, self.models)) for a in news.arrivals]
+        return news
 
 
-def _run(target: Target, ids: list[int], config: GenerationConfig, sharding: Sharding) -> None:
-    try:
-        stream = stream_generate(target, ids, config=config)
-        try:
-            for _ in stream:
-                if not _rank0_flag(sharding, True):
-                    break
-        finally:
-            stream.close()
-    except Hf2qError:  # rank 0 meets the same error and answers the client
-        pass
-    except Exception:  # noqa: BLE001 - as rank 0's worker, outlive any one request
-        log.exception("generation failed on rank %d", sharding.rank)
-
-
-def _portable(config: GenerationConfig) -> GenerationConfig:
+def _portable(config: GenerationConfig | None) -> GenerationConfig | None:
     """``config`` with a served draft model (a Target) named instead of held."""
-    if isinstance(config.spec.draft, Target):
+    if config is not None and isinstance(config.spec.draft, Target):
         return replace(config, spec=replace(config.spec, draft=_SERVED_DRAFT))
     return config
 
 
-def _restored(config: GenerationConfig, models: dict[str, Any]) -> GenerationConfig:
-    if config.spec.draft == _SERVED_DRAFT:
+def _restored(config: GenerationConfig | None, models: dict[str, Any]) -> GenerationConfig | None:
+    if config is not None and config.spec.draft == _SERVED_DRAFT:
         return replace(config, spec=replace(config.spec, draft=models["draft"]))
     return config
 
 
-def _send(sharding: Sharding, payload: bytes | None, kind: int = 1) -> None:
-    header = len(payload) if payload is not None else kind
-    _broadcast(sharding, np.array([header], dtype=np.int32))
-    if payload is not None:
+def _send(sharding: Sharding, kind: int, payload: bytes = b"") -> None:
+    _broadcast(sharding, np.array([kind, len(payload)], dtype=np.int32))
+    if payload:
         _broadcast(sharding, np.frombuffer(payload, dtype=np.uint8))
 
 
 def _receive(sharding: Sharding) -> tuple[int, bytes]:
-    (header,) = _broadcast(sharding, np.zeros(1, dtype=np.int32)).tolist()
-    if header <= 0:
-        return header, b""
-    return 1, bytes(_broadcast(sharding, np.zeros(header, dtype=np.uint8)))
+    kind, length = _broadcast(sharding, np.zeros(2, dtype=np.int32)).tolist()
+    if not length:
+        return kind, b""
+    return kind, bytes(_broadcast(sharding, np.zeros(length, dtype=np.uint8)))
 
 
 def _broadcast(sharding: Sharding, values: np.ndarray) -> np.ndarray:
@@ -127,7 +114,3 @@ def _broadcast(sharding: Sharding, values: np.ndarray) -> np.ndarray:
     mine = values if sharding.rank == 0 else np.zeros_like(values)
     out = mx.distributed.all_sum(mx.array(mine), group=sharding.group, stream=mx.cpu)
     return np.array(out)
-
-
-def _rank0_flag(sharding: Sharding, flag: bool) -> bool:
-    return bool(_broadcast(sharding, np.array([int(flag)], dtype=np.int32))[0])

@@ -8,8 +8,10 @@ and reads its events (:class:`Piece` per round, then :class:`Finished` or
 calls :meth:`Worker.run`, the process's main thread (MLX's compute stays on
 one thread). A job cancelled while it runs stops within one round; one
 cancelled while it waits never starts. ``submit`` refuses a job at once when
-``max_queue`` jobs already wait. A sharded target (``relay``) runs one
-generation at a time, every rank in step.
+``max_queue`` jobs already wait. On a sharded target (``relay``) every rank
+runs a worker: rank 0's runs (HTTP jobs, each step's news sent to the other
+ranks), the others follow (:meth:`Worker.follow`), every rank stepping its
+scheduler in step (:mod:`~hf2q_py.server.relay`).
 """
 
 from __future__ import annotations
@@ -21,14 +23,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from ..config import GenerationConfig
+from ..distributed import RanksDiverged
 from ..errors import Hf2qError, one_line
-from ..generation import stream_generate
 from ..request import GenerationChunk
 from ..sampling import TokenLogprob
-from ..scheduler import Entry, Failure, Scheduler, SchedulerConfig
+from ..scheduler import Entry, Failure, News, Scheduler, SchedulerConfig
 from ..stats import GenerationStats
 from ..target import Target
-from .relay import Relay
+from .relay import IDLE_TICK, Relay
 
 log = logging.getLogger("hf2q_py.server")
 
@@ -82,7 +84,7 @@ class Job:
     drafting: list[list[int]] = field(default_factory=list)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     entry: Entry | None = None
-    _cancelled: bool = False  # before it is submitted, or on a sharded target
+    _cancelled: bool = False  # before it is submitted (then its entry's)
 
     def cancel(self) -> None:
         """Stop the generation (within one round) or, if it waits, never start it."""
@@ -122,7 +124,7 @@ class JobSink:
     def done(self, stats: GenerationStats, error: Hf2qError | None = None) -> None:
         if error is None:
             self.job.emit(Finished(stats, cancelled=self.job.cancelled))
-        elif isinstance(error, Failure):  # not the request's fault
+        elif isinstance(error, (Failure, RanksDiverged)):  # not the request's fault
             self.job.emit(
                 Failed(500, "the generation failed on the server (see the server's log)", "server_error")
             )
@@ -133,7 +135,8 @@ class JobSink:
 class Worker:
     """Runs jobs on ``target`` through a scheduler (continuous batching), at
     most ``max_queue`` waiting (a cancelled job frees its place at once). A
-    job crosses one queue, the scheduler's."""
+    job crosses one queue, the scheduler's. ``relay``: the target is
+    sharded, and each step's news goes from rank 0 to the other ranks."""
 
     def __init__(
         self,
@@ -145,7 +148,9 @@ class Worker:
         self.target = target
         self.max_queue = max_queue
         self.relay = relay
-        self.scheduler = Scheduler(target, scheduling if relay is None else SchedulerConfig(max_batch=1))
+        self.scheduler = Scheduler(target, scheduling)
+        if relay is not None and relay.leads:
+            self.scheduler.announce = relay.send
         self._wake = threading.Condition()
         self._stopping = False
 
@@ -168,74 +173,54 @@ class Worker:
             if waiting >= self.max_queue:
                 raise Busy(f"the server is busy: {waiting} requests are waiting (--max-queue)")
             job.entry = self.scheduler.submit(job.ids, job.config, JobSink(job), drafting=job.drafting)
+            if job._cancelled:
+                job.entry.cancel()
         with self._wake:
             self._wake.notify()
 
     def run(self) -> None:
-        """Serve jobs until :meth:`stop`; call from the thread that owns the model."""
+        """Serve jobs until :meth:`stop`; call from the thread that owns the
+        model (on a sharded target, rank 0's)."""
         sched = self.scheduler
         try:
             while not self._stopping:
                 with self._wake:
                     if sched.idle and not self._stopping:
-                        self._wake.wait(0.1)
-                if self.relay is not None:
-                    self._relayed_step()
-                elif not sched.idle:
+                        self._wake.wait(IDLE_TICK)
+                if not sched.idle:
                     self._step()
+                elif self.relay is not None:
+                    self.relay.idle()
             sched.cancel_all()  # stopping: the running ones end between rounds, the waiting never start
             while not sched.idle:
                 self._step()
         finally:
             if self.relay is not None:
                 self.relay.stop()
-            if self.target.prompt_cache is not None:
-                self.target.prompt_cache.flush()  # what the disk tier was given is on disk before exit
+            self._flush()
 
-    def _step(self) -> None:
+    def follow(self) -> None:
+        """A rank of a sharded target other than 0: run the steps rank 0's
+        worker runs, with its news, until it stops."""
         try:
-            self.scheduler.step()
+            while (news := self.relay.receive()) is not None:
+                self._step(news)
+        finally:
+            self._flush()
+
+    def _step(self, news: News | None = None) -> None:
+        try:
+            self.scheduler.step(news)
         except Exception:  # noqa: BLE001 - the server outlives any one round
             log.exception("a scheduling round failed")
             self.scheduler.fail_all()
+
+    def _flush(self) -> None:
+        if self.target.prompt_cache is not None:
+            self.target.prompt_cache.flush()  # what the disk tier was given is on disk before exit
 
     def stop(self) -> None:
         """Stop: running jobs are cancelled, waiting ones end unstarted.
         Safe to call from a signal handler (it takes no lock)."""
         self._stopping = True
         self.scheduler.cancel_all()
-
-    # -- a sharded target: one generation at a time, every rank in step ----------
-    def _relayed_step(self) -> None:
-        """Rank 0 of a sharded target: the next job runs whole, each of its
-        rounds confirmed to the other ranks (idle ticks meanwhile)."""
-        sched = self.scheduler
-        with sched.lock:
-            entry = sched.waiting.popleft() if sched.waiting else None
-        if entry is None:
-            self.relay.idle()
-            return
-        if entry.cancelled:
-            entry.sink.done(entry.stats)
-            return
-        self._serve(entry)
-
-    def _serve(self, entry: Entry) -> None:
-        """Run one job on every rank, emitting its events through its sink."""
-        error: Hf2qError | None = None
-        self.relay.send(entry.ids, entry.config)
-        try:
-            stream = stream_generate(self.target, entry.ids, config=entry.config, stats=entry.stats)
-            try:
-                for chunk in stream:
-                    entry.sink.chunk(chunk)
-                    if not self.relay.going_on(not entry.cancelled):
-                        break
-            finally:
-                stream.close()
-        except Hf2qError as e:
-            error = e
-        except Exception as e:  # noqa: BLE001 - the server outlives any one request
-            log.exception("generation failed")
-            error = Failure(e)
-        entry.sink.done(entry.stats, error)

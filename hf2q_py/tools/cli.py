@@ -1152,11 +1152,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from hf2q_py.method_spec import MethodSpec
     from hf2q_py.disk_cache import DiskCache
     from hf2q_py.prompt_cache import PromptCache
+    from hf2q_py.scheduler import SchedulerConfig
     from hf2q_py.server import ServerConfig, serve
-    from hf2q_py.server.main import bind
+    from hf2q_py.server.main import bind, follow
     from hf2q_py.validate import check_float
-
-    from hf2q_py.server.relay import follow
 
     spec, files = serve_method(args)  # every option is checked before the model loads
     make_config(max_tokens=args.max_tokens, temperature=args.temp, **spec.options)
@@ -1186,7 +1185,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             disk = DiskCache(target, disk_dir, args.prompt_cache_disk_bytes)
         target.prompt_cache = PromptCache(args.prompt_cache_entries, args.prompt_cache_bytes, disk)
     if follower:
-        return follow(target, served.options)
+        return follow(target, served.options, SchedulerConfig(max_batch=args.max_batch))
     name = args.served_model_name or display_name(args.model)
     config = ServerConfig(
         model_name=name,
