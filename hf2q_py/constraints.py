@@ -42,10 +42,13 @@ COMPILED_PER_TOKENIZER = 64
 class ConstraintSpec:
     """What the output must match: ``kind`` one of :data:`KINDS`; ``text`` the
     JSON schema (as JSON text), the regular expression or the Lark grammar
-    (empty for ``json_object``)."""
+    (empty for ``json_object``). ``after``: text the output starts with that
+    the prompt already holds (a forced tool call's opening): the grammar has
+    read it before the first generated token."""
 
     kind: str
     text: str = ""
+    after: str = ""
 
     @classmethod
     def json_schema(cls, schema: Any) -> ConstraintSpec:
@@ -131,8 +134,13 @@ class ConstraintSpec:
         eos = tuple(sorted(target.eos_token_ids))
         if not eos:
             raise Hf2qError("structured output needs the model's end-of-generation token ids")
-        compiled, vocab = _compiled(tokenizer, eos, self)
-        return Constraint(compiled.deep_copy(), vocab, int(target.vocab_size), eos)
+        compiled, vocab = _compiled(tokenizer, eos, ConstraintSpec(self.kind, self.text))
+        matcher = compiled.deep_copy()
+        if self.after and not matcher.consume_tokens(
+            list(tokenizer.encode(self.after, add_special_tokens=False))
+        ):
+            raise Hf2qError(f"the {self.kind} does not allow the answer's start {self.after!r}")
+        return Constraint(matcher, vocab, int(target.vocab_size), eos)
 
 
 class Constraint:
