@@ -25,6 +25,7 @@ from ..method_spec import parse_method
 from ..methods import method_named
 from .conversation import Conversation, encode_conversation, normalized, template_options
 from .events import Done, Event, Failure, NoReasoning, Ping, Pipeline, ReasoningSplitter
+from .freeform import answer_constraint
 from .metrics import Metrics
 from .tool_calls import ToolUse, quoted_views, tool_use
 from .worker import Busy, Failed, Finished, Job, Piece, Worker
@@ -90,7 +91,8 @@ class Engine:
             sampling = {"temperature": self.config.temperature, **conv.sampling}
             config = make_config(
                 max_tokens=max_tokens, stop=conv.stop, plain_first_token=conv.stream, **options,
-                constraint=conv.constraint, logprobs=conv.logprobs, **sampling,
+                constraint=answer_constraint(use, conv.freeform, conv.constraint), logprobs=conv.logprobs,
+                **sampling,
             )  # fmt: skip
         except Hf2qError as e:
             raise ApiError(400, one_line(e, limit=1000)) from None
@@ -196,7 +198,7 @@ class Engine:
                         ttft = time.perf_counter() - prep.arrival
                     tokens.extend(event.tokens)
                     stop = event.stop or stop
-                    for e in pipeline.feed(event.text, event.logprobs):
+                    for e in pipeline.feed(event.text, event.logprobs, len(event.tokens)):
                         yield e
                 elif isinstance(event, Failed):
                     yield Failure(event)
@@ -223,7 +225,14 @@ class Engine:
             finish = "stop_sequence" if stop else "stop"
         return [
             *out,
-            Done(stats, finish, stop if finish == "stop_sequence" else None, tokens, pipeline.rest()),
+            Done(
+                stats,
+                finish,
+                stop if finish == "stop_sequence" else None,
+                tokens,
+                pipeline.rest(),
+                pipeline.reasoning_tokens,
+            ),
         ]
 
 

@@ -47,13 +47,15 @@ class Done:
     ``stop_sequence`` (``stop_sequence`` ended it), ``length`` (the token
     budget), ``tool_calls`` (it ended with calls); ``tokens``: every
     generated token; ``logprobs``: those of tokens whose text never came out
-    as text (tool calls)."""
+    as text (tool calls); ``reasoning_tokens``: how many of the tokens were
+    reasoning (:attr:`Pipeline.reasoning_tokens`)."""
 
     stats: GenerationStats
     finish: str
     stop_sequence: str | None = None
     tokens: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    reasoning_tokens: int = 0
 
 
 @dataclass
@@ -95,10 +97,23 @@ class Pipeline:
         self.logprobs = logprobs
         self.held: list[TokenLogprob] = []  # log-probabilities of tokens whose text is not out yet
         self.called = False  # a call ended
+        self.reasoning_share = 0.0  # tokens of reasoning text (a round's tokens shared by characters)
 
-    def feed(self, text: str, logprobs: list[TokenLogprob] | None = None) -> list[Event]:
+    @property
+    def reasoning_tokens(self) -> int:
+        """How many tokens wrote reasoning: the tokens of each round that wrote
+        it, a round that wrote both reasoning and answer counted by its share
+        of characters."""
+        return round(self.reasoning_share)
+
+    def feed(self, text: str, logprobs: list[TokenLogprob] | None = None, tokens: int = 0) -> list[Event]:
+        """The events of more raw text (written by ``tokens`` tokens)."""
         self.held.extend(logprobs or ())
-        out = self._route(self.reasoning.feed(text), final=False)
+        parts = self.reasoning.feed(text)
+        thought = sum(len(t) for kind, t in parts if kind == "reasoning")
+        if thought:
+            self.reasoning_share += tokens * thought / sum(len(t) for _, t in parts)
+        out = self._route(parts, final=False)
         if self.calls is None and self.held and not any(isinstance(e, TextDelta) for e in out):
             out.append(TextDelta("", self._take()))  # tokens with no whole character yet
         return out

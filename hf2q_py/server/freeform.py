@@ -1,0 +1,233 @@
+"""Freeform tools (OpenAI's ``custom`` tools): a tool whose call carries one
+text, not JSON arguments.
+
+The model is offered such a tool as a function with one string argument,
+``input`` (the chat template writes it like any function), and its call is
+read back as that argument's text (:func:`call_input`; streamed by
+:class:`InputDeltas`). When the tool carries a grammar (Lark, as Codex's
+``apply_patch`` does, or a regular expression), the call's input is
+constrained by it while the answer is generated and speculated: the answer
+as a whole is given a grammar (:func:`answer_constraint`) that allows free
+text and calls in the model's call syntax (:class:`CallSyntax`), a call of a
+freeform tool with a grammar having its input follow that grammar (as the
+syntax writes the input: inside a JSON string, or raw), calls of other tools
+anything up to the call's end. So the grammar engine masks only the tokens
+of those inputs, and drafts that break an input's grammar are cut before
+they are verified, like any structured output. The syntaxes known are the
+``<tool_call>`` formats: JSON inside the tags (Hermes, Qwen2.5, Qwen3) and
+Qwen3-Coder's XML; under other formats the tool is offered and read the same
+way, its input unconstrained.
+
+A request's own output constraint (``text.format``) joins the same grammar
+when tools are given: the answer is then calls, or the constrained text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..constraints import JSON_OPTIONS, ConstraintSpec
+from ..errors import Hf2qError
+from ..grammar_quote import embed_lark, embed_regex
+from .tool_calls import ToolUse
+
+#: The one argument a freeform tool is offered with.
+INPUT = "input"
+
+
+def function_definition(name: str, description: str | None, grammar: ConstraintSpec | None) -> dict[str, Any]:
+    """A freeform tool as the OpenAI function definition templates take: one
+    string argument ``input``, described with the grammar it follows."""
+    about = "The tool's input, as free text (not JSON)."
+    if grammar is not None:
+        kind = "Lark grammar" if grammar.kind == "grammar" else "regular expression"
+        about += f" It follows this {kind}:\n{grammar.text}"
+    fn: dict[str, Any] = {
+        "name": name,
+        "parameters": {
+            "type": "object",
+            "properties": {INPUT: {"type": "string", "description": about}},
+            "required": [INPUT],
+        },
+    }
+    if description:
+        fn["description"] = description
+    return {"type": "function", "function": fn}
+
+
+def check_grammar(grammar: ConstraintSpec) -> str | None:
+    """What keeps a freeform tool's grammar from constraining its input, or None."""
+    problem = grammar.problem()
+    if problem is not None:
+        return problem
+    try:
+        for quote in (True, False):
+            _embedded(grammar, "t0_", quote)
+    except Hf2qError as e:
+        return str(e)
+    return None
+
+
+def _embedded(grammar: ConstraintSpec, prefix: str, quote: bool) -> tuple[str, str]:
+    if grammar.kind == "grammar":
+        return embed_lark(grammar.text, prefix, quote)
+    return embed_regex(grammar.text, prefix, quote)
+
+
+def call_input(arguments: str) -> str:
+    """A freeform call's input from its arguments (JSON text): the ``input``
+    string; else the one string value given; else the arguments as written."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if isinstance(value, dict):
+        if isinstance(value.get(INPUT), str):
+            return value[INPUT]
+        strings = [v for v in value.values() if isinstance(v, str)]
+        if len(value) == 1 and strings:
+            return strings[0]
+    return arguments
+
+
+class InputDeltas:
+    """A freeform call's input decoded as its arguments stream in: the
+    ``input`` string's characters as soon as they are read (arguments that
+    do not open with it give the input whole at the end)."""
+
+    OPENING = re.compile(r'\s*\{\s*"' + INPUT + r'"\s*:\s*"')
+
+    def __init__(self):
+        self.raw = ""  # the arguments so far
+        self.at: int | None = None  # where the undecoded part of the string begins
+        self.given = ""  # the input given out
+        self.closed = False
+
+    def feed(self, arguments: str) -> str:
+        """The input text newly readable after ``arguments`` (more of the arguments)."""
+        self.raw += arguments
+        if self.at is None:
+            m = self.OPENING.match(self.raw)
+            if m is None:
+                return ""
+            self.at = m.end()
+        out = []
+        while not self.closed and self.at < len(self.raw):
+            m = re.compile(r'[^"\\]+|\\u[0-9a-fA-F]{4}(?:\\u[0-9a-fA-F]{4})?|\\[^u]|"').match(
+                self.raw, self.at
+            )
+            if m is None or (
+                m.group().startswith("\\u") and _high_surrogate(m.group()) and m.end() == len(self.raw)
+            ):
+                break  # an escape not whole yet
+            text = m.group()
+            self.at = m.end()
+            if text == '"':
+                self.closed = True
+            else:
+                out.append(text if text[0] != "\\" else json.loads(f'"{text}"'))
+        piece = "".join(out)
+        self.given += piece
+        return piece
+
+    def finish(self, arguments: str) -> str:
+        """The rest of the input once the call ended with ``arguments`` (all of them)."""
+        whole = call_input(arguments)
+        return whole[len(self.given) :] if whole.startswith(self.given) else ""
+
+
+def _high_surrogate(escape: str) -> bool:
+    return len(escape) == 6 and 0xD800 <= int(escape[2:], 16) <= 0xDBFF
+
+
+# -- the answer's grammar ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class CallSyntax:
+    """How a tool-call format writes a freeform call: between ``marker`` and
+    ``end``, ``head`` (a Rust regex, ``{name}`` the tool's name) before the
+    input and ``tail`` after it, ``quote``: the input inside a JSON string;
+    ``other``: the opening that names a tool (``{names}``: alternatives)."""
+
+    marker: str
+    end: str
+    head: str
+    tail: str
+    quote: bool
+    other: str
+
+
+SYNTAXES = {
+    "json_tools": CallSyntax(
+        "<tool_call>", "</tool_call>",
+        r'\s*\{\s*"name"\s*:\s*"{name}"\s*,\s*"arguments"\s*:\s*\{\s*"input"\s*:\s*"',
+        r'"\s*\}\s*\}\s*', True, r'\s*\{\s*"name"\s*:\s*"({names})"',
+    ),
+    "qwen3_coder": CallSyntax(
+        "<tool_call>", "</tool_call>",
+        r"\s*<function={name}>\s*<parameter=input>\n", r"\n</parameter>\s*</function>\s*", False,
+        r"\s*<function=({names})>",
+    ),
+}  # fmt: skip
+
+
+def answer_constraint(
+    use: ToolUse | None, freeform: dict[str, ConstraintSpec | None], text: ConstraintSpec | None
+) -> ConstraintSpec | None:
+    """The constraint of a whole answer: ``text`` (the request's own) alone,
+    or, with tools whose calls the grammar can read (freeform tools with a
+    grammar, or tools beside a JSON ``text``), one grammar of free text (or
+    the ``text``) and calls, each freeform input following its grammar."""
+    if use is None:
+        return text
+    syntax = SYNTAXES.get(use.format.name) if use.format is not None else None
+    grammars = {n: g for n, g in freeform.items() if g is not None and n in use.names}
+    json_text = text is not None and text.kind in ("json_object", "json_schema")
+    if syntax is None or not (grammars or json_text) or (text is not None and not json_text):
+        return text
+    lark = _answer_grammar(syntax, grammars, text)
+    return ConstraintSpec("grammar", lark, after=use.prefix)
+
+
+def _answer_grammar(
+    syntax: CallSyntax, grammars: dict[str, ConstraintSpec], text: ConstraintSpec | None
+) -> str:
+    marker, end = _lark_regex(syntax.marker), _lark_regex(syntax.end)
+    lines = [
+        "%llguidance {}",
+        "start: turn* TAIL" if text is None else "start: turn+ SPACE | answer",
+        "turn: HEAD body",
+        f"FREE: /(?s:.*)/ & ~/(?s:.*){marker}(?s:.*)/",
+        f"HEAD: FREE {json.dumps(syntax.marker)}"
+        if text is None
+        else f"HEAD: SPACE {json.dumps(syntax.marker)}",
+        "TAIL: FREE",
+        "SPACE: /\\s*/",
+        "body: " + " | ".join(["OTHER", *(f"call{i}" for i in range(len(grammars)))]),
+    ]
+    names = "|".join(re.escape(n) for n in grammars)
+    other = (
+        f" & ~/{syntax.other.replace('{names}', names).replace('/', chr(92) + '/')}(?s:.*)/" if names else ""
+    )
+    lines.append(f"OTHER: (/(?s:.*)/ & ~/(?s:.*){end}(?s:.*)/{other}) {json.dumps(syntax.end)}")
+    lines.append(f"CLOSE: /{syntax.tail.replace('/', chr(92) + '/')}{end}/")
+    for i, (name, grammar) in enumerate(grammars.items()):
+        rules, start = _embedded(grammar, f"t{i}_", syntax.quote)
+        head = syntax.head.replace("{name}", re.escape(name)).replace("/", "\\/")
+        lines += [f"call{i}: OPEN{i} {start} CLOSE", f"OPEN{i}: /{head}/", rules]
+    if text is not None:
+        lines.append(f"answer: %json {json.dumps(_schema(text))}")
+    return "\n".join(lines) + "\n"
+
+
+def _lark_regex(literal: str) -> str:
+    """``literal`` as regular-expression text inside a Lark ``/.../``."""
+    return re.escape(literal).replace("/", "\\/")
+
+
+def _schema(text: ConstraintSpec) -> dict[str, Any]:
+    """The JSON schema of a JSON ``text`` constraint, written as the server writes JSON."""
+    schema = {"type": "object"} if text.kind == "json_object" else json.loads(text.text)
+    return {**schema, "x-guidance": {**JSON_OPTIONS, **schema.get("x-guidance", {})}}
