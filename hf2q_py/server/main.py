@@ -41,6 +41,13 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _quiet_upgrades(record: logging.LogRecord) -> bool:
+    """Drops uvicorn's warnings about WebSocket upgrades, which the server
+    refuses itself (a 426 each; Codex tries one before every session)."""
+    message = record.getMessage()
+    return not message.startswith(("Unsupported upgrade request", "No supported WebSocket library"))
+
+
 def serve(
     target: Target,
     config: ServerConfig,
@@ -58,6 +65,7 @@ def serve(
     logging.basicConfig(
         level=logging.INFO, format="hf2q-py serve: %(levelname)s %(message)s", stream=sys.stderr
     )
+    logging.getLogger("uvicorn.error").addFilter(_quiet_upgrades)
     sock = sock or bind(host, port)
     sharding = getattr(target, "sharding", None)
     relay = Relay(sharding) if sharding is not None else None
