@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import threading
 import time
+from pathlib import Path
 
 import anthropic
 import jsonschema
 import llguidance
 import openai
 import pytest
-from scripted_model import TOOLS_TEMPLATE, write_scripted_folder
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scripted_model import TOOLS_TEMPLATE, tool_call_text, write_agent_folder, write_scripted_folder
 from server_process import running_server
 from test_server_tools import HERMES, TOOLS, WEATHER
 
@@ -34,6 +38,7 @@ TEMPLATE = TOOLS_TEMPLATE.replace(
     '{% if messages[-1].role == "user" %}{{ messages[-1].content[-1:] }}{% endif %}{% endif %}',
 )
 CONTEXT = 2048
+FIXTURES = Path(__file__).parent / "fixtures" / "agents"
 PATCH_OPEN = '<tool_call>\n{"name": "apply_patch", "arguments": {"input": "'
 SCRIPTS = {
     "?": HERMES["\n"],  # text, then two calls
@@ -318,3 +323,251 @@ def test_max_output_tokens_past_the_context_is_cut_to_what_it_leaves(client):
     with client.responses.stream(model="x", input="Say hello.", max_output_tokens=2) as stream:
         kinds = [e.type for e in stream]
     assert kinds[-1] == "response.incomplete"
+
+
+# -- a Codex request, as it sends it ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory):
+    """A scripted model on SmolLM2's tokenizer (an agent's prompt keeps its size) that
+    calls Codex's namespaced spawn_agent when asked to start a helper."""
+    call = tool_call_text("multi_agent_v1__spawn_agent", {"message": "hi"})
+    folder = write_agent_folder(
+        tmp_path_factory.mktemp("agent"), [call], ["Done."], ["Hi."], trigger="Start a helper"
+    )
+    with running_server("--model", str(folder)) as s:
+        yield s
+
+
+def test_codexs_captured_request_streams_a_completed_response(agent):
+    """Codex 0.169.0's first request (tests/fixtures/agents), asking for a namespaced call."""
+    body = json.loads((FIXTURES / "codex_responses.json").read_text())["body"]
+    body["input"][-1]["content"][0]["text"] = "Start a helper!"
+    server = agent
+    status, headers, raw = server.raw(
+        "POST", "/v1/responses", json.dumps(body), headers={"Accept": "text/event-stream"}
+    )
+    assert status == 200 and headers["content-type"].startswith("text/event-stream"), raw[:500]
+    events = [json.loads(part.split("data: ", 1)[1]) for part in raw.decode().strip().split("\n\n")]
+    assert [e["type"] for e in events][:2] == ["response.created", "response.in_progress"]
+    last = events[-1]
+    assert last["type"] == "response.completed" and last["response"]["usage"]["input_tokens"] > 5000
+    (call,) = last["response"]["output"]
+    assert (call["type"], call["namespace"], call["name"]) == (
+        "function_call",
+        "multi_agent_v1",
+        "spawn_agent",
+    )
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+
+
+# -- bad input ---------------------------------------------------------------------------------------
+def body(**fields) -> bytes:
+    return json.dumps({"model": "gpt-x", "input": "Hi#", **fields}).encode()
+
+
+def msg(**fields) -> dict:
+    return {"type": "message", "role": "user", "content": "Hi#", **fields}
+
+
+HOSTILE = [
+    (b"", "the request body"), (b"{", "not valid JSON"), (b"null", "the request body"), (b"[]", "the request body"),
+    (body(input=7), "input"), (body(input={"role": "user"}), "input"),
+    (body(input=[None]), "input[0]: an input item is an object, got null"),
+    (body(input=["hi"]), "input[0]: an input item is an object, got str"),
+    (body(input=[3]), "input[0]: an input item is an object, got int"),
+    (body(input=[{}]), "input[0]: an input item needs a type"),
+    (body(input=[msg(role="wizard")]), "input[0].role"),
+    (body(input=[msg(content=None)]), "input[0].content"),
+    (body(input=[msg(content=[{}])]), "input[0].content[0]"),
+    (body(input=[msg(content=[{"type": "hologram", "text": "x"}])]), "input[0].content[0].type"),
+    (body(input=[{"type": "hologram"}]), "input[0].type: unknown or unsupported input item type 'hologram'"),
+    (body(input=[msg(content=[{"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}])]),
+     "input[0].content[0]: an image (input_image), but this model reads text only"),
+    (body(input=[msg(), {"type": "function_call_output", "call_id": "call_none", "output": "x"}]),
+     "input[1].call_id: 'call_none' answers no function_call"),
+    (body(input=[{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{not json"}]), "input[0].arguments"),
+    (body(input=[{"type": "function_call", "call_id": "", "name": "f", "arguments": "{}"}]), "input[0].call_id"),
+    (body(input=[{"type": "custom_tool_call", "call_id": "c1", "name": "f"}]), "input[0].input"),
+    (body(input=[{"type": "function_call_output", "call_id": "c1"}]), "input[0].output"),
+    (body(tools=[{"type": "function", "description": "nameless", "parameters": {"type": "object"}}]), "tools[0].name"),
+    (body(tools=[{"type": "function", "name": "f", "parameters": {"type": "object", "properties": []}}]), "tools[0].parameters"),
+    (body(tools=[{"type": "function", "name": "f", "parameters": "object"}]), "tools[0].parameters"),
+    (body(tools=[None]), "tools[0]"), (body(tools=[{"name": "f"}]), "tools[0]"),
+    (body(tools=[{"type": "namespace", "name": "ns", "tools": []}]), "tools[0].tools"),
+    (body(tools=[{"type": "namespace", "name": "ns", "tools": [{"type": "function"}]}]), "tools[0].tools[0].name"),
+    (body(tools=[R_TOOLS[0], R_TOOLS[0]]), "tools[1].name"),
+    (body(tools=[{**APPLY_PATCH, "format": {"type": "grammar", "syntax": "lark", "definition": "start: ("}}]),
+     "tools[0].format.definition"),
+    (body(tools=[{**APPLY_PATCH, "format": {"type": "grammar", "syntax": "lark", "definition": "start: A\nA: /a/\n%ignore /b/"}}]),
+     "tools[0].format.definition: the %ignore directive"),
+    (body(tools=[{**APPLY_PATCH, "format": {"type": "grammar", "syntax": "ebnf", "definition": "x"}}]), "tools[0].format.syntax"),
+    (body(tool_choice={"type": "function", "name": "missing"}), "tool_choice.name"),
+    (body(tool_choice="sometimes"), "tool_choice"), (body(tool_choice={"type": "web_search"}), "tool_choice"),
+    (body(text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "object", "not": {}}}}),
+     "text.format.schema: unsupported schema feature(s): not"),
+    (body(text={"format": {"type": "yaml"}}), "text.format.type"),
+    (body(reasoning={"effort": "extreme"}), "reasoning.effort"),
+    (body(max_output_tokens=0), "max_output_tokens"), (body(max_output_tokens="8"), "max_output_tokens"),
+    (body(temperature="hot"), "temperature"), (body(stream="yes"), "stream"),
+    (body(background=True), "background"), (body(hf2q={"method": "nonsense:k=2"}), "nonsense"),
+    (body(previous_response_id="resp_gone"), "previous_response_id"),
+    (body(input="x" * (CONTEXT + 10)), "prompt is too long"),
+    (body(input="\ud800"), "not valid Unicode"),
+]  # fmt: skip
+
+
+def assert_openai_error(status: int, raw: bytes, says: str) -> None:
+    assert status == 400, (status, raw[:300])
+    err = json.loads(raw)
+    assert set(err) == {"error"} and set(err["error"]) == {"message", "type", "param", "code"}, err
+    assert err["error"]["type"] == "invalid_request_error" and says in err["error"]["message"], err
+    text = raw.decode()
+    assert "Traceback" not in text and "site-packages" not in text and "hf2q_py/" not in text
+
+
+@pytest.mark.parametrize("raw, says", HOSTILE, ids=range(len(HOSTILE)))
+def test_bad_requests_get_openais_error_naming_the_problem(server, raw, says):
+    status, _, answer = server.raw("POST", "/v1/responses", raw)
+    assert_openai_error(status, answer, says)
+    assert server.alive()
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=10,
+)
+_FIELDS = ["model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
+           "temperature", "top_p", "text", "reasoning", "store", "include", "previous_response_id", "metadata"]  # fmt: skip
+_ITEM = st.fixed_dictionaries(
+    {
+        "type": st.sampled_from(
+            [
+                "message",
+                "function_call",
+                "function_call_output",
+                "custom_tool_call",
+                "custom_tool_call_output",
+                "reasoning",
+            ]
+        )
+    },  # fmt: skip
+    optional={
+        "role": _JSON,
+        "content": _JSON,
+        "call_id": _JSON,
+        "name": _JSON,
+        "arguments": _JSON,
+        "output": _JSON,
+        "input": _JSON,
+        "namespace": _JSON,
+        "summary": _JSON,
+    },  # fmt: skip
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(fields=st.dictionaries(st.sampled_from(_FIELDS), _JSON, max_size=4), items=st.lists(_ITEM, max_size=3))
+def test_fuzzed_requests_never_crash_the_server(server, fields, items):
+    fields = {"max_output_tokens": 2, "input": [*items, msg()], **fields}
+    status, _, raw = server.raw("POST", "/v1/responses", json.dumps(fields))
+    assert status == 200 or (400 <= status < 500 and set(json.loads(raw)) == {"error"}), (status, raw[:300])
+
+
+# -- the built-in model --------------------------------------------------------------------------------
+MODEL = "SmolLM2-135M-Instruct.Q4_1"
+SYSTEM = "You are a helpful coding assistant."
+GREEDY_CONVERSATION = [
+    {"role": "user", "content": "Name a fruit."},
+    {"role": "assistant", "content": "An apple."},
+    {"role": "user", "content": "Rename x to y in: def f(x): return x + 1"},
+]
+
+
+@pytest.fixture(scope="module")
+def builtin():
+    with running_server("--max-batch", "2", "--max-context", "4096") as s:
+        yield s
+
+
+@pytest.mark.slow
+def test_one_conversation_gets_the_same_tokens_through_three_apis(builtin):
+    tokens = {"hf2q": {"return_tokens": True}}
+    oa = openai.OpenAI(base_url=builtin.base, api_key="unused", max_retries=0, timeout=120)
+    chat = oa.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": SYSTEM}, *GREEDY_CONVERSATION],
+                                      max_tokens=24, temperature=0, extra_body=tokens)  # fmt: skip
+    claude = anthropic.Anthropic(base_url=builtin.url, api_key="unused", max_retries=0, timeout=120)
+    message = claude.messages.create(model="claude-x", system=SYSTEM, messages=GREEDY_CONVERSATION, max_tokens=24,
+                                     extra_body={"temperature": 0, **tokens})  # fmt: skip
+    history = [
+        {"role": "user", "content": GREEDY_CONVERSATION[0]["content"]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "An apple."}]},
+        {"role": "user", "content": [{"type": "input_text", "text": GREEDY_CONVERSATION[2]["content"]}]},
+    ]
+    response = oa.responses.create(model=MODEL, instructions=SYSTEM, input=history, max_output_tokens=24,
+                                   temperature=0, extra_body=tokens)  # fmt: skip
+    want = chat.model_extra["hf2q"]["tokens"]
+    assert response.model_extra["hf2q"]["tokens"] == message.model_extra["hf2q"]["tokens"] == want
+    assert response.output_text == message.content[0].text == chat.choices[0].message.content
+    assert response.usage.input_tokens == chat.usage.prompt_tokens and response.usage.output_tokens == len(
+        want
+    )
+
+
+def open_stream(server, text: str, max_tokens: int) -> http.client.HTTPConnection:
+    """A streaming /v1/responses request whose first output text has been read."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    req = {"model": "x", "input": text, "max_output_tokens": max_tokens, "stream": True}
+    conn.request("POST", "/v1/responses", json.dumps(req), {"Content-Type": "application/json"})
+    conn.resp = conn.getresponse()
+    seen = b""
+    while b"response.output_text.delta" not in seen:
+        seen += conn.resp.read1(4096)
+    return conn
+
+
+def queue_depth(server) -> float:
+    raw = server.raw("GET", "/metrics")[2].decode()
+    return float(re.search(r"^hf2q_queue_depth (\S+)$", raw, re.M).group(1))
+
+
+def first_text_after(server, text: str, start: threading.Event, out: dict) -> None:
+    """Stream ``text`` once ``start`` is set; note when its first text arrived and its whole answer."""
+    oa = openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, timeout=120)
+    start.wait()
+    with oa.responses.stream(model="x", input=text, max_output_tokens=8) as stream:
+        for event in stream:
+            if event.type == "response.output_text.delta" and "first" not in out:
+                out["first"] = time.monotonic()
+        out["text"] = stream.get_final_response().output_text
+
+
+@pytest.mark.slow
+def test_a_client_that_leaves_mid_stream_frees_its_row_within_a_second_while_the_other_goes_on(builtin):
+    oa = openai.OpenAI(base_url=builtin.base, api_key="unused", max_retries=0, timeout=120)
+    poem = "Write a long poem about the sea."
+    alone = oa.responses.create(model="x", input=poem, max_output_tokens=64).output_text
+    leaving = open_stream(builtin, "Write a very long story about a dragon.", 1500)
+    staying = open_stream(builtin, poem, 64)  # --max-batch 2: the batch is full
+    waiting, go = {}, threading.Event()
+    thread = threading.Thread(
+        target=first_text_after, args=(builtin, "What is the capital of France?", go, waiting)
+    )
+    thread.start()
+    go.set()
+    while queue_depth(builtin) < 1:
+        time.sleep(0.05)  # the question waits for a row
+    time.sleep(0.5)
+    assert "first" not in waiting
+    left = time.monotonic()
+    leaving.sock.close()
+    leaving.close()
+    rest = b""
+    while chunk := staying.resp.read1(65536):
+        rest += chunk
+    thread.join(120)
+    assert waiting["first"] - left < 1.0 + 0.5  # its row, within a second (plus its own short prefill)
+    assert "Paris" in waiting["text"]
+    done = [json.loads(p.split("data: ", 1)[1]) for p in rest.decode().strip().split("\n\n")][-1]
+    assert done["type"] in ("response.completed", "response.incomplete")
+    assert done["response"]["output"][0]["content"][0]["text"] == alone  # the same answer as alone

@@ -116,13 +116,9 @@ class InputDeltas:
             self.at = m.end()
         out = []
         while not self.closed and self.at < len(self.raw):
-            m = re.compile(r'[^"\\]+|\\u[0-9a-fA-F]{4}(?:\\u[0-9a-fA-F]{4})?|\\[^u]|"').match(
-                self.raw, self.at
-            )
-            if m is None or (
-                m.group().startswith("\\u") and _high_surrogate(m.group()) and m.end() == len(self.raw)
-            ):
-                break  # an escape not whole yet
+            m = _PIECE.match(self.raw, self.at)
+            if m is None or (_HIGH.fullmatch(m.group()) and len(self.raw) - m.end() < 6):
+                break  # an escape not whole yet, or half of a pair whose other half may follow
             text = m.group()
             self.at = m.end()
             if text == '"':
@@ -139,8 +135,11 @@ class InputDeltas:
         return whole[len(self.given) :] if whole.startswith(self.given) else ""
 
 
-def _high_surrogate(escape: str) -> bool:
-    return len(escape) == 6 and 0xD800 <= int(escape[2:], 16) <= 0xDBFF
+#: The pieces a JSON string's text is read in: plain characters, an escape (a surrogate pair whole), its end.
+_PIECE = re.compile(
+    r'[^"\\]+|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|\\u[0-9a-fA-F]{4}|\\[^u]|"'
+)
+_HIGH = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}")
 
 
 # -- the answer's grammar ---------------------------------------------------------------------
