@@ -183,3 +183,37 @@ def test_a_streamed_input_gives_the_decoded_text_however_the_arguments_are_cut(t
     got.append(reader.feed(arguments[at:]))
     got.append(reader.finish(arguments))
     assert "".join(got) == text
+
+
+@pytest.fixture(scope="module")
+def tagged():
+    """SmolLM2's tokenizer with ``<tool_call>`` and ``</tool_call>`` added, as Qwen's vocabulary
+    has them (not special to the tokenizer; llguidance reads such tokens as special)."""
+    from scripted_model import smollm2_tokenizer_json
+    from tokenizers import AddedToken, Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer.from_str(smollm2_tokenizer_json())
+    tok.add_tokens([AddedToken(t, normalized=False) for t in ("<tool_call>", "</tool_call>")])
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>")
+    return hf, ll_tokenizer(hf, [hf.eos_token_id])
+
+
+@pytest.mark.parametrize("fmt", sorted(SYNTAX))
+def test_markers_the_grammar_engine_reads_as_special_tokens_are_named_by_id(tagged, fmt):
+    from hf2q_py.constraints import special_tokens
+
+    hf = tagged[0]
+
+    class Target:
+        tokenizer, eos_token_ids = hf, [hf.eos_token_id]
+
+    special = special_tokens(Target(), ["<tool_call>", "</tool_call>", "Hello"])
+    assert special == {"<tool_call>": hf.convert_tokens_to_ids("<tool_call>"),
+                       "</tool_call>": hf.convert_tokens_to_ids("</tool_call>")}  # fmt: skip
+    spec = answer_constraint(use(fmt), APPLY, None, lambda texts: special)
+    assert f"<[{special['<tool_call>']}]>" in spec.text
+    call = SYNTAX[fmt]
+    for text, ok in [("Hello there", True), ("Sure.\n" + call(GOOD), True), ("Sure.\n" + call(BAD), False),
+                     (OTHER, True), (f"{call(GOOD)}\n{OTHER}\nDone.", True), (call(GOOD), True)]:  # fmt: skip
+        assert accepts(tagged, spec.text, text) is ok, text

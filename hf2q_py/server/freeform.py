@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from ..constraints import JSON_OPTIONS, ConstraintSpec
@@ -173,12 +174,18 @@ SYNTAXES = {
 
 
 def answer_constraint(
-    use: ToolUse | None, freeform: dict[str, ConstraintSpec | None], text: ConstraintSpec | None
+    use: ToolUse | None,
+    freeform: dict[str, ConstraintSpec | None],
+    text: ConstraintSpec | None,
+    special: Callable[[list[str]], dict[str, int]] = lambda texts: {},
 ) -> ConstraintSpec | None:
     """The constraint of a whole answer: ``text`` (the request's own) alone,
     or, with tools whose calls the grammar can read (freeform tools with a
     grammar, or tools beside a JSON ``text``), one grammar of free text (or
-    the ``text``) and calls, each freeform input following its grammar."""
+    the ``text``) and calls, each freeform input following its grammar.
+    ``special``: which of the call syntax's markers are one token the grammar
+    engine reads as special (:func:`~hf2q_py.constraints.special_tokens`),
+    named by id in the grammar."""
     if use is None:
         return text
     syntax = SYNTAXES.get(use.format.name) if use.format is not None else None
@@ -186,39 +193,52 @@ def answer_constraint(
     json_text = text is not None and text.kind in ("json_object", "json_schema")
     if syntax is None or not (grammars or json_text) or (text is not None and not json_text):
         return text
-    lark = _answer_grammar(syntax, grammars, text)
+    lark = _answer_grammar(syntax, grammars, text, special([syntax.marker, syntax.end]))
     return ConstraintSpec("grammar", lark, after=use.prefix)
 
 
 def _answer_grammar(
-    syntax: CallSyntax, grammars: dict[str, ConstraintSpec], text: ConstraintSpec | None
+    syntax: CallSyntax,
+    grammars: dict[str, ConstraintSpec],
+    text: ConstraintSpec | None,
+    special: dict[str, int],
 ) -> str:
-    marker, end = _lark_regex(syntax.marker), _lark_regex(syntax.end)
+    """Free text (or ``text``) and calls; a marker that is a special token is
+    a lexeme of its own, one written as text ends the terminal before it."""
+    no_marker = f"~/(?s:.*){_lark_regex(syntax.marker)}(?s:.*)/"
     lines = [
         "%llguidance {}",
-        "start: turn* TAIL" if text is None else "start: turn+ SPACE | answer",
-        "turn: HEAD body",
-        f"FREE: /(?s:.*)/ & ~/(?s:.*){marker}(?s:.*)/",
-        f"HEAD: FREE {json.dumps(syntax.marker)}"
-        if text is None
-        else f"HEAD: SPACE {json.dumps(syntax.marker)}",
-        "TAIL: FREE",
-        "SPACE: /\\s*/",
-        "body: " + " | ".join(["OTHER", *(f"call{i}" for i in range(len(grammars)))]),
+        "answer: " + (f"%json {json.dumps(_schema(text))}" if text is not None else "TAIL"),
     ]
+    if syntax.marker in special:
+        mark = f"<[{special[syntax.marker]}]>"
+        lines += ["start: turn* answer?" if text is None else "start: turn+ SPACE? | answer",
+                  f"turn: {'TAIL' if text is None else 'SPACE'}? {mark} body",
+                  f"TAIL: /(?s:.+)/ & {no_marker}", "SPACE: /\\s+/"]  # fmt: skip
+    else:
+        lines += ["start: turn* answer" if text is None else "start: turn+ SPACE | answer", "turn: HEAD body",
+                  f"FREE: /(?s:.*)/ & {no_marker}", f"HEAD: {'FREE' if text is None else 'SPACE'} {json.dumps(syntax.marker)}",
+                  "TAIL: FREE", "SPACE: /\\s*/"]  # fmt: skip
     names = "|".join(re.escape(n) for n in grammars)
-    other = (
-        f" & ~/{syntax.other.replace('{names}', names).replace('/', chr(92) + '/')}(?s:.*)/" if names else ""
-    )
-    lines.append(f"OTHER: (/(?s:.*)/ & ~/(?s:.*){end}(?s:.*)/{other}) {json.dumps(syntax.end)}")
-    lines.append(f"CLOSE: /{syntax.tail.replace('/', chr(92) + '/')}{end}/")
+    other = f" & ~/{_slashed(syntax.other.replace('{names}', names))}(?s:.*)/" if names else ""
+    no_end = f"~/(?s:.*){_lark_regex(syntax.end)}(?s:.*)/"
+    calls = [f"call{i}" for i in range(len(grammars))]
+    if syntax.end in special:
+        lines += [f"body: ({' | '.join(['OTHER', *calls])}) <[{special[syntax.end]}]>",
+                  f"OTHER: /(?s:.+)/ & {no_end}{other}", f"CLOSE: /{_slashed(syntax.tail)}/"]  # fmt: skip
+    else:
+        lines += [f"body: {' | '.join(['OTHER', *calls])}", f"OTHER: (/(?s:.*)/ & {no_end}{other}) {json.dumps(syntax.end)}",
+                  f"CLOSE: /{_slashed(syntax.tail)}{_lark_regex(syntax.end)}/"]  # fmt: skip
     for i, (name, grammar) in enumerate(grammars.items()):
         rules, start = _embedded(grammar, f"t{i}_", syntax.quote)
-        head = syntax.head.replace("{name}", re.escape(name)).replace("/", "\\/")
+        head = _slashed(syntax.head.replace("{name}", re.escape(name)))
         lines += [f"call{i}: OPEN{i} {start} CLOSE", f"OPEN{i}: /{head}/", rules]
-    if text is not None:
-        lines.append(f"answer: %json {json.dumps(_schema(text))}")
     return "\n".join(lines) + "\n"
+
+
+def _slashed(regex: str) -> str:
+    """A regular expression's text inside a Lark ``/.../``."""
+    return regex.replace("/", "\\/")
 
 
 def _lark_regex(literal: str) -> str:
