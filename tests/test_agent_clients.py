@@ -139,7 +139,9 @@ def test_codex_applies_the_patch_of_a_freeform_apply_patch_call_its_grammar_cons
 
 def _refused_upgrades(server: Server) -> float:
     status, _, body = server.raw("GET", "/metrics")
-    found = re.search(r'^hf2q_requests_total\{endpoint="/v1/responses",status="426"\} (\S+)$', body.decode(), re.M)
+    found = re.search(
+        r'^hf2q_requests_total\{endpoint="/v1/responses",status="426"\} (\S+)$', body.decode(), re.M
+    )
     return float(found.group(1)) if found else 0.0
 
 
