@@ -244,6 +244,17 @@ def test_a_named_freeform_tool_choice_starts_the_call_inside_the_grammar(client)
     ]
 
 
+def test_reasoning_given_back_stays_out_of_a_prompt_whose_template_renders_none(client):
+    turn = [{"role": "user", "content": "Say hi#"},
+            {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Greet."}],
+             "content": [{"type": "reasoning_text", "text": "The user wants a greeting."}]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hi there."}]},
+            {"role": "user", "content": "Again#"}]  # fmt: skip
+    with_reasoning = client.responses.create(model="x", input=turn, max_output_tokens=1)
+    without = client.responses.create(model="x", input=[turn[0], *turn[2:]], max_output_tokens=1)
+    assert with_reasoning.usage.input_tokens == without.usage.input_tokens
+
+
 def test_tools_the_server_cannot_run_are_left_out(client):
     with_them = ask(client, "What's the weather in Paris, and the time?", tools=[*SKIPPED, *R_TOOLS])
     without = ask(client, "What's the weather in Paris, and the time?", tools=R_TOOLS)
