@@ -282,7 +282,14 @@ def test_a_stored_response_is_continued_by_its_id_and_a_gone_one_is_a_400(client
     assert items(second) == [("message", "The weather is fine.")]
     assert second.previous_response_id == first.id
     assert client.responses.retrieve(second.id).output[0].content[0].text == "The weather is fine."
+    with pytest.raises(openai.BadRequestError) as e:  # named by its place in this request's input
+        client.responses.create(
+            model="x", previous_response_id=first.id, input=[{**outputs[0], "call_id": "call_x"}]
+        )
+    assert e.value.body["message"].startswith("input[0].call_id: 'call_x' answers no function_call")
     unstored = ask(client, "Hi?", store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
     for gone in (unstored.id, "resp_never"):
         with pytest.raises(openai.BadRequestError) as e:
             client.responses.create(model="x", previous_response_id=gone, input="More.")

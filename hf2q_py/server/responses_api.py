@@ -111,7 +111,7 @@ async def responses(
         try:
             history = store.history(req.previous_response_id) if req.previous_response_id else []
             items = [*history, *read_items(req.input)]
-            conv, tools = conversation(req, items)
+            conv, tools = conversation(req, items, len(history))
         except Hf2qError as e:
             raise ApiError(400, one_line(e, limit=1000)) from None
         if not items:

@@ -127,13 +127,15 @@ def join_namespace(namespace: str, name: str) -> str:
     return f"{namespace.rstrip('_')}{NAMESPACE_JOIN}{name.lstrip('_')}"
 
 
-def conversation(req: ResponsesRequest, items: list[dict[str, Any]]) -> tuple[Conversation, Tools]:
-    """The request (its ``input`` given as checked ``items``, history
-    included) as the engine's conversation, and its tools; Hf2qError naming
-    the field."""
+def conversation(
+    req: ResponsesRequest, items: list[dict[str, Any]], history: int = 0
+) -> tuple[Conversation, Tools]:
+    """The request (its ``input`` given as checked ``items``, after the
+    first ``history`` items of the response it continues) as the engine's
+    conversation, and its tools; Hf2qError naming the field."""
     tools = read_tools(req.tools)
     conv = Conversation(
-        messages=template_messages(items, tools, req.instructions),
+        messages=template_messages(items, tools, req.instructions, history),
         tools=tools.functions or None,
         tool_choice=_choice(req.tool_choice, tools),
         parallel_tool_calls=req.parallel_tool_calls is not False,
@@ -215,14 +217,16 @@ class _History:
 
 
 def template_messages(
-    items: list[dict[str, Any]], tools: Tools, instructions: str | None
+    items: list[dict[str, Any]], tools: Tools, instructions: str | None, history: int = 0
 ) -> list[dict[str, Any]]:
-    """The chat-template messages the items (and the instructions, first) make."""
+    """The chat-template messages the items (and the instructions, first)
+    make; problems are named by their place in the request's ``input``
+    (the first ``history`` items: the stored response's)."""
     h = _History(tools)
     if instructions:
         h.out.append({"role": "system", "content": instructions})
     for i, item in enumerate(items):
-        at = f"input[{i}]"
+        at = f"input[{i - history}]" if i >= history else f"previous_response_id: item {i}"
         kind = item["type"]
         if kind == "message":
             _message(h, item, at)
