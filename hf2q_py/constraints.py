@@ -42,10 +42,13 @@ COMPILED_PER_TOKENIZER = 64
 class ConstraintSpec:
     """What the output must match: ``kind`` one of :data:`KINDS`; ``text`` the
     JSON schema (as JSON text), the regular expression or the Lark grammar
-    (empty for ``json_object``)."""
+    (empty for ``json_object``). ``after``: text the output starts with that
+    the prompt already holds (a forced tool call's opening): the grammar has
+    read it before the first generated token."""
 
     kind: str
     text: str = ""
+    after: str = ""
 
     @classmethod
     def json_schema(cls, schema: Any) -> ConstraintSpec:
@@ -131,8 +134,13 @@ class ConstraintSpec:
         eos = tuple(sorted(target.eos_token_ids))
         if not eos:
             raise Hf2qError("structured output needs the model's end-of-generation token ids")
-        compiled, vocab = _compiled(tokenizer, eos, self)
-        return Constraint(compiled.deep_copy(), vocab, int(target.vocab_size), eos)
+        compiled, vocab = _compiled(tokenizer, eos, ConstraintSpec(self.kind, self.text))
+        matcher = compiled.deep_copy()
+        if self.after and not matcher.consume_tokens(
+            list(tokenizer.encode(self.after, add_special_tokens=False))
+        ):
+            raise Hf2qError(f"the {self.kind} does not allow the answer's start {self.after!r}")
+        return Constraint(matcher, vocab, int(target.vocab_size), eos)
 
 
 class Constraint:
@@ -270,9 +278,7 @@ def _compiled(tokenizer: Any, eos: tuple[int, ...], spec: ConstraintSpec) -> tup
     import llguidance
 
     per_tok = _CACHE.setdefault(tokenizer, {})
-    ll_tok = per_tok.get(("tokenizer", eos))
-    if ll_tok is None:
-        ll_tok = per_tok[("tokenizer", eos)] = ll_tokenizer(tokenizer, list(eos))
+    ll_tok = _cached_ll_tokenizer(tokenizer, eos)
     grammars: OrderedDict = per_tok.setdefault(("grammars", eos), OrderedDict())
     matcher = grammars.get(spec)
     if matcher is None:
@@ -284,6 +290,32 @@ def _compiled(tokenizer: Any, eos: tuple[int, ...], spec: ConstraintSpec) -> tup
             grammars.popitem(last=False)
     grammars.move_to_end(spec)
     return matcher, ll_tok.vocab_size
+
+
+def _cached_ll_tokenizer(tokenizer: Any, eos: tuple[int, ...]) -> Any:
+    per_tok = _CACHE.setdefault(tokenizer, {})
+    ll_tok = per_tok.get(("tokenizer", eos))
+    if ll_tok is None:
+        ll_tok = per_tok[("tokenizer", eos)] = ll_tokenizer(tokenizer, list(eos))
+    return ll_tok
+
+
+def special_tokens(target: Any, texts: list[str]) -> dict[str, int]:
+    """Those of ``texts`` that are one token of ``target``'s vocabulary which
+    the grammar engine reads as a special token (text never matches it; a
+    grammar names it ``<[ID]>``), with that token's id. llguidance counts
+    added tokens written like ``<tool_call>`` among them."""
+    tokenizer = getattr(target, "tokenizer", None)
+    eos = tuple(sorted(getattr(target, "eos_token_ids", ()) or ()))
+    if tokenizer is None or not eos:
+        return {}
+    ll_tok = _cached_ll_tokenizer(tokenizer, eos)
+    out = {}
+    for text in texts:
+        ids = list(tokenizer.encode(text, add_special_tokens=False))
+        if len(ids) == 1 and ids[0] < ll_tok.vocab_size and ll_tok.is_special_token(ids[0]):
+            out[text] = ids[0]
+    return out
 
 
 def ll_tokenizer(tokenizer: Any, eos: list[int]) -> Any:

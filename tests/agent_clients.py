@@ -357,6 +357,27 @@ def codex_config(base_url: str, model: str) -> str:
         """)
 
 
+def codex_catalog(setup: Setup, model: str, context: int = 65536) -> Path:
+    """Give a Codex run a model catalog naming ``model`` (``model_catalog_json``):
+    Codex then knows the model's context, and offers ``apply_patch`` as a
+    freeform tool with its Lark grammar (``apply_patch_tool_type``), as it does
+    for OpenAI's own models."""
+    path = setup.home / "codex-models.json"
+    path.write_text(json.dumps({"models": [{
+        "slug": model, "display_name": model, "description": "served by hf2q-py",
+        "default_reasoning_level": "medium", "supported_reasoning_levels": [{"effort": "medium", "description": "Medium"}],
+        "shell_type": "unified_exec", "visibility": "list", "supported_in_api": True, "priority": 1,
+        "base_instructions": "You are a coding agent. Edit files with apply_patch.", "supports_reasoning_summaries": False,
+        "default_reasoning_summary": "none", "support_verbosity": False, "default_verbosity": None,
+        "apply_patch_tool_type": "freeform", "truncation_policy": {"mode": "tokens", "limit": 10000},
+        "supports_parallel_tool_calls": True, "context_window": context, "effective_context_window_percent": 95,
+        "experimental_supported_tools": [], "input_modalities": ["text"], "supports_search_tool": False,
+    }]}))  # fmt: skip
+    config = setup.home / ".codex" / "config.toml"
+    config.write_text(f'model_catalog_json = "{path}"\n' + config.read_text())
+    return path
+
+
 def _codex_configure(home: Path, workdir: Path, base_url: str, model: str) -> Configured:
     codex_home = home / ".codex"
     codex_home.mkdir(exist_ok=True)
@@ -372,6 +393,11 @@ def _codex_items(stdout: str) -> list[dict[str, Any]]:
 def _codex_answer(stdout: str) -> str:
     texts = [i.get("text", "") for i in _codex_items(stdout) if i.get("type") == "agent_message"]
     return texts[-1] if texts else ""
+
+
+def codex_file_changes(stdout: str) -> list[dict[str, Any]]:
+    """The file changes Codex made (its ``apply_patch`` runs), as it reports them."""
+    return [i for i in _codex_items(stdout) if i.get("type") == "file_change"]
 
 
 def _codex_tool_output(stdout: str) -> str:

@@ -76,11 +76,17 @@ def vocabulary(scripts: dict[str, list[str]], tokens: tuple[str, ...] = ()) -> l
 
 
 def write_scripted_folder(
-    folder: Path, scripts: dict[str, list[str]], template: str = TOOLS_TEMPLATE, tokens: tuple[str, ...] = ()
+    folder: Path,
+    scripts: dict[str, list[str]],
+    template: str = TOOLS_TEMPLATE,
+    tokens: tuple[str, ...] = (),
+    second: dict[str, str] | None = None,
 ) -> Path:
     """An mlx-lm folder (config, float32 weights, tokenizer with ``template``)
     whose greedy answer after a prompt ending in ``start`` is ``scripts[start]``;
-    ``tokens``: more tokens for the vocabulary, which the model never writes."""
+    ``tokens``: more tokens for the vocabulary, which the model never writes.
+    ``second``: a piece's second choice (half its first's logit), what the
+    model writes after it when its first choice is masked (by a grammar)."""
     vocab = vocabulary(scripts, tokens)
     index = {t: i for i, t in enumerate(vocab)}
     size = (len(vocab) + 31) // 32 * 32
@@ -89,22 +95,28 @@ def write_scripted_folder(
         for a, b in zip([start, *chain], [*chain, EOS]):
             nxt[a] = index[b]
     folder.mkdir(parents=True, exist_ok=True)
-    _write_model(folder, size, {index[t]: n for t, n in nxt.items()}, index[EOS])
+    seconds = {index[a]: index[b] for a, b in (second or {}).items()}
+    _write_model(folder, size, {index[t]: n for t, n in nxt.items()}, index[EOS], second=seconds)
     _write_tokenizer(folder, vocab, template)
     return folder
 
 
 def _write_model(
-    folder: Path, vocab_size: int, successor: dict[int, int], eos: int, context: int = 4096
+    folder: Path,
+    vocab_size: int,
+    successor: dict[int, int],
+    eos: int,
+    context: int = 4096,
+    second: dict[int, int] | None = None,
 ) -> None:
     """One llama layer that adds nothing (zero output projections): the
     residual stream stays the embedding, a one-hot state per scripted token
     (state 0 for every other token); the head maps each state to its token's
-    successor, state 0 to EOS."""
+    successor (and, at half the logit, its ``second`` choice), state 0 to EOS."""
     from mlx.utils import tree_flatten
     from mlx_lm.utils import _get_classes
 
-    scripted = sorted(t for t, n in successor.items() if n != eos)
+    scripted = sorted(t for t, n in successor.items() if n != eos or t in (second or {}))
     hidden = (len(scripted) + 1 + 31) // 32 * 32
     cfg = dict(
         model_type="llama", hidden_size=hidden, num_hidden_layers=1, intermediate_size=32,
@@ -124,6 +136,8 @@ def _write_model(
     head = mx.zeros((vocab_size, hidden))
     head[eos, 0] = 10.0
     head[mx.array([successor[t] for t in scripted]), states] = 10.0
+    for t, alternative in (second or {}).items():
+        head[alternative, scripted.index(t) + 1] = 5.0
     weights["model.embed_tokens.weight"], weights["lm_head.weight"] = embed, head
     mx.save_safetensors(
         str(folder / "model.safetensors"), {k: v.astype(mx.float32) for k, v in weights.items()}

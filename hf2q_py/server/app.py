@@ -3,7 +3,7 @@
 
 Each API is a thin translation into the engine's conversation and back:
 OpenAI's chat and text completions (``openai_api``), Anthropic's Messages
-(``anthropic_api``). Every error is in the envelope of the API its path
+(``anthropic_api``), OpenAI's Responses (``responses_api``). Every error is in the envelope of the API its path
 belongs to (:func:`api_of`), with a 4xx or 5xx status, never a traceback.
 """
 
@@ -20,12 +20,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
 from ..errors import one_line
-from . import anthropic_api, openai_api
+from . import anthropic_api, openai_api, responses_api
 from .anthropic_protocol import CountRequest, MessagesRequest
 from .engine import Engine, EngineConfig
 from .guard import Guard, api_of
 from .metrics import Metrics
 from .protocol import ChatRequest, CompletionRequest
+from .responses_protocol import ResponsesRequest
 from .worker import Failed, Worker
 
 log = logging.getLogger("hf2q_py.server")
@@ -69,6 +70,7 @@ def create_app(worker: Worker, config: ServerConfig) -> Any:
     """The ASGI application: the routes inside :class:`Guard`."""
     metrics = Metrics(lambda: worker.target.prompt_cache, lambda: worker.waiting, lambda: worker.batch_rounds)
     engine = Engine(worker, config.engine(), metrics)
+    store = responses_api.ResponseStore()
     app = FastAPI(title="hf2q-py", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     name = config.model_name
 
@@ -83,6 +85,17 @@ def create_app(worker: Worker, config: ServerConfig) -> Any:
     @app.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request) -> Response:
         return await anthropic_api.messages(engine, name, body, request)
+
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        return await responses_api.responses(engine, store, name, body, request)
+
+    @app.get("/v1/responses/{response_id}")
+    async def stored_response(response_id: str) -> Response:
+        body = store.get(response_id)
+        if body is None:
+            return openai_api.error_response(Failed(404, f"no stored response with id {response_id!r}"))
+        return JSONResponse(body)
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountRequest) -> Response:

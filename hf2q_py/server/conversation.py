@@ -55,7 +55,9 @@ class Conversation:
     answer length (None: the server's default), cut to what the context
     leaves. ``prefill``: text the answer continues (written after the
     generation prompt, not part of the answer). ``call_id_prefix``: how the
-    API's call ids begin.
+    API's call ids begin. ``freeform``: tools (among ``tools``) whose call
+    carries one text (their one argument, ``input``), each with the grammar
+    that text must follow, or None (:mod:`~hf2q_py.server.freeform`).
     """
 
     messages: list[dict[str, Any]] = field(default_factory=list)
@@ -73,6 +75,7 @@ class Conversation:
     thinking: Thinking | None = None
     prefill: str = ""
     call_id_prefix: str = "call_"
+    freeform: dict[str, ConstraintSpec | None] = field(default_factory=dict)
 
 
 #: Claude Code's first system block, ``x-anthropic-billing-header: cc_version=V.S;

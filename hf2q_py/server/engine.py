@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import Request
 
 from ..config import GenerationConfig
+from ..constraints import ConstraintSpec, special_tokens
 from ..errors import Hf2qError, one_line
 from ..request import context_length, encode_prompt, make_config
 from ..method_spec import parse_method
@@ -33,6 +34,7 @@ from .conversation import (
 )
 from ..reasoning import NoReasoning, Splitter, reasoning_format, splitter_for
 from .events import Done, Event, Failure, Ping, Pipeline
+from .freeform import answer_constraint
 from .metrics import Metrics
 from .tool_calls import ToolUse, quoted_views, tool_use
 from .worker import Busy, Failed, Finished, Job, Piece, Worker
@@ -99,11 +101,18 @@ class Engine:
             sampling = {"temperature": self.config.temperature, **conv.sampling}
             config = make_config(
                 max_tokens=max_tokens, stop=conv.stop, plain_first_token=conv.stream, **options,
-                constraint=conv.constraint, logprobs=conv.logprobs, **sampling,
+                constraint=self._constraint(conv, use), logprobs=conv.logprobs,
+                **sampling,
             )  # fmt: skip
         except Hf2qError as e:
             raise ApiError(400, one_line(e, limit=1000)) from None
         return Prepared(conv, ids, use, config, label, self._quoted(conv, use), arrival)
+
+    def _constraint(self, conv: Conversation, use: ToolUse | None) -> ConstraintSpec | None:
+        """The answer's constraint: the request's own, joined with its tools'
+        calls where freeform inputs have grammars (:func:`answer_constraint`)."""
+        special = lambda texts: special_tokens(self.target, texts)  # noqa: E731
+        return answer_constraint(use, conv.freeform, conv.constraint, special)
 
     def count(self, conv: Conversation) -> int:
         """The prompt tokens ``conv`` makes (as its generation would count them)."""

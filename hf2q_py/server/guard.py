@@ -3,7 +3,12 @@ read whole (at most the limit) before anything answers, so a 413 or a 401
 reaches the client instead of a reset connection; then the API key is
 checked (``Authorization: Bearer KEY``, or Anthropic's ``x-api-key: KEY``);
 every response is counted by endpoint and status. Refusals are in the
-envelope of the API the path belongs to (:func:`api_of`)."""
+envelope of the API the path belongs to (:func:`api_of`).
+
+The server speaks HTTP only: a WebSocket upgrade (Codex tries one on
+``/v1/responses`` before falling back to HTTP) is refused at once with 426,
+whether the HTTP server hands it over as a WebSocket or as a request with
+an ``Upgrade: websocket`` header."""
 
 from __future__ import annotations
 
@@ -40,6 +45,8 @@ class Guard:
         self.app, self.max_body_bytes, self.api_key, self.metrics = app, max_body_bytes, api_key, metrics
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "websocket":
+            return await self._refuse_websocket(scope, send)
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         status = {"code": 500}
@@ -50,8 +57,10 @@ class Guard:
             await send(message)
 
         try:
-            body = await self._read_body(scope, receive)
             path = scope.get("path", "")
+            if _upgrade(scope) == b"websocket":
+                return await self._refuse(counted_send, path, 426, WEBSOCKET_REFUSED, close=True)
+            body = await self._read_body(scope, receive)
             if body is None:  # too large
                 return await self._refuse(counted_send, path, 413, self._too_large(), close=True)
             if not self._authorized(scope):
@@ -103,6 +112,31 @@ class Guard:
             headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+    async def _refuse_websocket(self, scope, send) -> None:
+        """Deny a WebSocket before it is accepted: 426 with the error body where
+        the HTTP server can send a denial response, else a close (403)."""
+        path = scope.get("path", "")
+        if "websocket.http.response" in (scope.get("extensions") or {}):
+            body = json.dumps(refusal_body(path, 426, WEBSOCKET_REFUSED)).encode()
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+            await send({"type": "websocket.http.response.start", "status": 426, "headers": headers})
+            await send({"type": "websocket.http.response.body", "body": body})
+        else:
+            await send({"type": "websocket.close", "code": 1008})
+        self.metrics.request(path, 426)
+
+
+#: Why a WebSocket is refused.
+WEBSOCKET_REFUSED = "this server speaks HTTP only: send the request as an HTTP POST (no WebSocket)"
+
+
+def _upgrade(scope) -> bytes | None:
+    """The protocol an HTTP request asks to upgrade to (lower case), if any."""
+    headers = dict(scope.get("headers") or [])
+    if b"upgrade" not in headers.get(b"connection", b"").lower():
+        return None
+    return headers.get(b"upgrade", b"").lower().strip() or None
 
 
 class _Disconnected(Exception):

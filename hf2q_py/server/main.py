@@ -42,6 +42,13 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _quiet_upgrades(record: logging.LogRecord) -> bool:
+    """Drops uvicorn's warnings about WebSocket upgrades, which the server
+    refuses itself (a 426 each; Codex tries one before every session)."""
+    message = record.getMessage()
+    return not message.startswith(("Unsupported upgrade request", "No supported WebSocket library"))
+
+
 def serve(
     target: Target,
     config: ServerConfig,
@@ -57,6 +64,7 @@ def serve(
     the URL once the server answers. A sharded target is served from rank 0
     while the other ranks run :func:`follow`."""
     _log_to_stderr()
+    logging.getLogger("uvicorn.error").addFilter(_quiet_upgrades)
     sock = sock or bind(host, port)
     sharding = getattr(target, "sharding", None)
     relay = Relay(sharding) if sharding is not None else None

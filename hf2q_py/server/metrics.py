@@ -14,7 +14,7 @@ from ..stats import GenerationStats
 
 #: Paths counted by name; any other path is counted as "other".
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
-             "/v1/models", "/health", "/metrics")  # fmt: skip
+             "/v1/responses", "/v1/models", "/health", "/metrics")  # fmt: skip
 _LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _PER_TOKEN = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 
