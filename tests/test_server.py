@@ -346,7 +346,8 @@ def test_a_prompt_past_the_context_is_refused_and_a_large_max_tokens_is_cut_to_t
 
 def test_max_tokens_past_the_context_is_cut_to_what_the_context_leaves(server):
     prompt = "word " * 2030  # 2031 tokens: 17 left of the 2048-token context
-    status, body = server.post("/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 32000})
+    request = {"model": MODEL, "prompt": prompt, "max_tokens": 32000}
+    status, body = server.post("/v1/completions", request, timeout=300)  # a 2031-token prefill
     assert status == 200, body
     assert body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"] <= 2048
     assert body["choices"][0]["finish_reason"] == "length"
