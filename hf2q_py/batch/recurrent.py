@@ -24,7 +24,7 @@ import numpy as np
 from mlx_lm.models.cache import ArraysCache
 
 from ..cache import LayerState
-from ..recurrent import RECURRENCES, RecurrentLog, _Entry
+from ..recurrent import RECURRENCES, RecurrentLog, _Entry, with_lengths
 from ..target import Target
 
 
@@ -124,8 +124,9 @@ def _settle_layer(cache: ArraysCache, entry: _Entry, layer: Any, keep: np.ndarra
     fn, bound = layer.recurrence
     args = dict(bound.arguments)
     args["mask"] = mx.arange(width, dtype=mx.int32)[None] < kept[:, None]
-    replayed = fn(*inspect.BoundArguments(bound.signature, args).args,
-                  **inspect.BoundArguments(bound.signature, args).kwargs)[1]  # fmt: skip
+    call = inspect.BoundArguments(bound.signature, args)
+    with_lengths(call, kept)  # Mamba-2: each row's state at its own kept length
+    replayed = fn(*call.args, **call.kwargs)[1]
     redo = mx.array(rejected)[(...,) + (None,) * (replayed.ndim - 1)]
     cache.cache[layer.state_slot] = mx.where(redo, replayed, cache.cache[layer.state_slot])
 
