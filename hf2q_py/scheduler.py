@@ -169,7 +169,7 @@ class Scheduler:
         if self._refusal is False:
             self._refusal = batch_refusal(self.target)
         if self._batch is None and self._refusal is None:
-            self._batch = BatchRuntime(self.target, kv=self.config.kv)
+            self._batch = BatchRuntime(self.target, kv=self.config.kv, costs=self.costs)
         return self._batch
 
     # -- rounds -----------------------------------------------------------------
@@ -273,9 +273,13 @@ class Scheduler:
         return self.batch.accepts(entry.seq.kv, len(entry.seq.tokens) - 1)
 
     def _rejoin(self) -> None:
-        """Generations that ran alone only until they passed
-        ``quantized_kv_start`` join the batch, or their partners there."""
-        passed = [e for e in self.alone if e.batched and e.seq.kv.quantized and self._joinable(e)]
+        """Generations that ran alone only until they could share forwards
+        (past ``quantized_kv_start``, or once their proposer became
+        batchable: layer skip's calibration done) join the batch, or their
+        partners there: every generation alone that could be a row now."""
+        for entry in self.alone:
+            entry.batched = entry.seq.proposer.batchable
+        passed = [e for e in self.alone if self._joinable(e)]
         if passed and (self.rows or len(passed) > 1):
             for entry in passed:
                 self.alone.remove(entry)
@@ -380,7 +384,10 @@ class Scheduler:
         """Drafts for the rows that share one batch drafter, made together;
         if it fails, its rows leave."""
         drafter = self._row_drafters[members[0][0].id]
-        asks = [DraftAsk(e.id, e.seq.proposer, e.seq.tokens, t.k) for e, t in members]
+        asks = [
+            DraftAsk(e.id, e.seq.proposer, e.seq.tokens, t.k, e.seq.policy.survival(t.key, t.k))
+            for e, t in members
+        ]
         try:
             drafts = drafter.propose(asks)
         except Exception as error:  # noqa: BLE001
@@ -476,7 +483,7 @@ class Scheduler:
             self.rows.remove(entry)
             self._fail(entry, error)
         if self._batch is not None:
-            self._batch = BatchRuntime(self.target, kv=self._batch.kv)
+            self._batch = BatchRuntime(self.target, kv=self._batch.kv, costs=self.costs)
         self._drafters, self._row_drafters = {}, {}
 
     def _drop_cancelled(self) -> None:

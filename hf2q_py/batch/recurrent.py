@@ -97,6 +97,20 @@ class BatchRecurrent:
         self.keep[b] -= n
         self.offsets[b] -= n
 
+    def mark(self) -> tuple[list[list[Any]], np.ndarray]:
+        """What :meth:`rewind` brings the states back to."""
+        return [list(c.cache) for c in self.caches], self.offsets.copy()
+
+    def rewind(self, mark: tuple[list[list[Any]], np.ndarray]) -> None:
+        """Every row's states as they were at ``mark`` (the rows unchanged
+        since): whatever forwards ran since, however many."""
+        states, offsets = mark
+        for c, slots in zip(self.caches, states):
+            c.cache = list(slots)
+        self.offsets = offsets.copy()
+        self.keep = self.widths = None
+        self.log.entries.clear()
+
     def settle(self) -> None:
         """Every row's states at its kept positions of the last forward."""
         if self.keep is None or not self.log.entries:
