@@ -89,7 +89,6 @@ class Entry:
     #: Token sequences its proposer may copy drafts from (into the Target's memory at admission).
     drafting: list[list[int]] = field(default_factory=list)
     passed_over: int = 0  # rounds another joining prompt was prefilled first
-    batched: bool = True
     cancelled: bool = False
 
     def cancel(self) -> None:
@@ -252,8 +251,7 @@ class Scheduler:
         alone when it cannot share forwards or nothing else could share them
         (a generation alone pipelines its decodes); the first partner moves
         any batchable generation running alone into the batch with it."""
-        entry.batched = entry.seq.proposer.batchable
-        mates = [e for e in self.alone if e.batched]
+        mates = [e for e in self.alone if e.seq.proposer.batchable]
         if (self.rows or mates) and self._joinable(entry):
             mates = [e for e in mates if self._joinable(e)]
         if not (self.rows or mates) or not self._joinable(entry):
@@ -268,7 +266,7 @@ class Scheduler:
         """Whether a generation can be a batch row now: its proposer can, the
         target batches, its KV layout is the batch's and its next forward is
         past the batch's ``quantized_kv_start``."""
-        if not entry.batched or self.batch is None:
+        if not entry.seq.proposer.batchable or self.batch is None:
             return False
         return self.batch.accepts(entry.seq.kv, len(entry.seq.tokens) - 1)
 
@@ -277,8 +275,8 @@ class Scheduler:
         (past ``quantized_kv_start``, or once their proposer became
         batchable: layer skip's calibration done) join the batch, or their
         partners there: every generation alone that could be a row now."""
-        for entry in self.alone:
-            entry.batched = entry.seq.proposer.batchable
+        if not (self.rows or len(self.alone) > 1):
+            return  # a generation alone with nobody to share with stays alone
         passed = [e for e in self.alone if self._joinable(e)]
         if passed and (self.rows or len(passed) > 1):
             for entry in passed:
