@@ -342,18 +342,32 @@ def test_a_calibrating_layer_skip_generation_runs_alone_and_joins_once_it_has_ch
     target = tiny_target("llama", scale=1.0)
     scheduler = Scheduler(target, SchedulerConfig(max_batch=4))
     auto, auto_sink = submit(scheduler, target, PROMPTS[0], max_tokens=60, method="layerskip", k=4)
+    for _ in range(2):  # its prompt in: it claims the calibration
+        scheduler.step()
+    other, other_sink = submit(scheduler, target, PROMPTS[3], max_tokens=60, method="layerskip", k=4)
     _, ngram_sink = submit(scheduler, target, PROMPTS[1], max_tokens=60, **REJECTING)
-    calibrating_alone = joined = False
+    calibrating_alone = joined = other_batched = False
     while not scheduler.idle:
         scheduler.step()
         if auto.seq is not None and auto.seq.proposer.trials:
             calibrating_alone |= auto in scheduler.alone
             assert auto not in scheduler.rows
+            other_batched |= other in scheduler.rows  # meanwhile: plain decoding, a batch row
         joined |= auto in scheduler.rows
-    assert calibrating_alone and joined and "auto" in target.kept.skip_sets
-    for prompt, sink in ((PROMPTS[0], auto_sink), (PROMPTS[1], ngram_sink)):
+    assert calibrating_alone and joined and other_batched and "auto" in target.kept.skip_sets
+    assert other.stats.drafted == 0 and not target.kept.calibrating
+    for prompt, sink in ((PROMPTS[0], auto_sink), (PROMPTS[3], other_sink), (PROMPTS[1], ngram_sink)):
         want = hf2q_py.generate(target, prompt, max_tokens=60, method="baseline").tokens
         assert_same_greedy(target.model, prompt, sink.tokens, want)
+
+
+def test_a_layer_skip_calibration_cut_short_lets_the_next_generation_calibrate(monkeypatch):
+    monkeypatch.setattr(layer_skip, "MARGIN", 0.0)
+    target = tiny_target("llama", scale=1.0)
+    short = hf2q_py.generate(target, PROMPTS[0], max_tokens=3, method="layerskip", k=4)
+    assert "auto" not in target.kept.skip_sets and not target.kept.calibrating and short.stats.drafted == 0
+    hf2q_py.generate(target, PROMPTS[1], max_tokens=60, method="layerskip", k=4)
+    assert "auto" in target.kept.skip_sets
 
 
 def test_a_cancelled_layer_skip_or_dflash_row_stops_and_the_others_go_on():

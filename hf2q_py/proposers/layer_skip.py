@@ -133,7 +133,9 @@ class LayerSkipProposer(Proposer):
     untried, from their share of the weights against a verify timed right
     after prefill; when none is left there is no calibration.
     The choice is kept on the target (``target.kept.skip_sets``), so later
-    generations with ``auto`` start from it.
+    generations with ``auto`` start from it. One generation calibrates at a
+    time (``target.kept.calibrating``): one that starts while another
+    calibrates decodes plainly.
     """
 
     name = "layerskip"
@@ -176,6 +178,23 @@ class LayerSkipProposer(Proposer):
     # -- auto calibration ------------------------------------------------------
     def _remember(self, skip: list[int] | None) -> None:
         self.target.kept.skip_sets["auto"] = skip
+        self._release()
+
+    def _claim(self) -> None:
+        """Calibrate only while no other generation on the target does: one
+        that starts meanwhile decodes plainly (and can be a batch row) for
+        its whole length; one that starts after a choice takes it."""
+        kept = self.target.kept
+        if "auto" in kept.skip_sets:
+            self.skip, self.trials = kept.skip_sets["auto"], []
+        elif kept.calibrating.get("auto", self) is not self:
+            self.skip, self.trials = None, []
+        else:
+            kept.calibrating["auto"] = self
+
+    def _release(self) -> None:
+        if self.target.kept.calibrating.get("auto") is self:
+            del self.target.kept.calibrating["auto"]
 
     def _account(self, committed: int, seconds: float) -> None:
         """Measure the skip set on trial: a candidate is dropped after its first
@@ -259,6 +278,8 @@ class LayerSkipProposer(Proposer):
         self.decider = decider
         self.rt = runtime
         if self.trials:
+            self._claim()
+        if self.trials:
             self._prune(prompt[-1])
         self._t_last = time.perf_counter()
         self._last_len = len(prompt)
@@ -286,6 +307,9 @@ class LayerSkipProposer(Proposer):
             (seconds,) = self._agreed(now - self._t_last)
             self._account(len(tokens) - self._last_len, seconds)
         self._last_len, self._t_last = len(tokens), now
+
+    def finish(self, tokens) -> None:
+        self._release()  # a calibration cut short: the next generation measures
 
 
 class LayerSkipRows:
