@@ -94,7 +94,8 @@ def plan_width(offers: Sequence[Offer], costs: BatchCosts, step_cost: float = 0.
 class DraftPlan:
     """How many drafts a batch drafter makes for its rows in a round (before
     the batch's planner picks the verify width from them): the width the
-    rows' acceptance rates promise at a batched forward's prior costs, each
+    rows' acceptance rates promise at the batch's ``costs`` (measured by the
+    loop, or the prior until measured), each
     draft also costing ``step_cost`` decodes of the rows (a drafter that
     runs a forward per draft: layer skip; 0: one forward for any number,
     DFlash). When no draft pays, a short probe now and then

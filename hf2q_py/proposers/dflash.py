@@ -42,7 +42,9 @@ class DFlashProposer(Proposer):
     Context bookkeeping: the target's captured states for committed tokens
     wait in ``pending`` until the next draft, which moves them into the
     drafter's cache. Only verified positions (accepted drafts + the token fed
-    before them) are ever added, so the drafter's cache needs no trimming.
+    before them) are ever added, so the drafter's cache needs no trimming. As
+    a batch row its context is lent to the batch's ``DFlashRows`` (``cache``
+    is None meanwhile), which drafts for all the rows of its drafter at once.
     """
 
     name = "dflash"
