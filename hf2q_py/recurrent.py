@@ -253,10 +253,28 @@ def _recorder(fn: Callable, rec: _Recording) -> Callable:
     sig = inspect.signature(fn)
 
     def recorded(*args, **kwargs):
-        out = fn(*args, **kwargs)
+        bound = sig.bind(*args, **kwargs)
+        with_lengths(bound)
+        out = fn(*bound.args, **bound.kwargs)
         if rec.current is not None:
-            rec.calls[rec.current] = (fn, sig.bind(*args, **kwargs), out[1])
+            rec.calls[rec.current] = (fn, bound, out[1])
         return out
 
     recorded.__name__ = fn.__name__
     return recorded
+
+
+def with_lengths(bound: inspect.BoundArguments, lengths: mx.array | None = None) -> None:
+    """Give a masked recurrence call that takes ``lengths`` (``ssm_update``)
+    each row's length: ``lengths``, or the count of its mask (a batch's
+    right-padded rows). mlx-lm's Mamba-2 scan (``ssm_attn``) takes a row's
+    new state from the decay of its last position, which the mask empties
+    for a padded row (its inputs would be lost), unless it is told where
+    each row ends. Unmasked calls (a single sequence's) are left as they are."""
+    if "lengths" not in bound.signature.parameters:
+        return
+    mask = bound.arguments.get("mask")
+    if lengths is None and mask is not None and bound.arguments.get("lengths") is None:
+        lengths = mask.astype(mx.int32).sum(axis=-1)
+    if lengths is not None:
+        bound.arguments["lengths"] = lengths

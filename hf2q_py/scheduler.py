@@ -98,7 +98,6 @@ class Entry:
     #: Token sequences its proposer may copy drafts from (into the Target's memory at admission).
     drafting: list[list[int]] = field(default_factory=list)
     passed_over: int = 0  # rounds another joining prompt was prefilled first
-    batched: bool = True
     cancelled: bool = False  # asked to stop (any thread)
     halted: bool = False  # the cancellation as a step took it (what the scheduler's decisions read)
 
@@ -203,7 +202,7 @@ class Scheduler:
         if self._refusal is False:
             self._refusal = batch_refusal(self.target)
         if self._batch is None and self._refusal is None:
-            self._batch = BatchRuntime(self.target, kv=self.config.kv)
+            self._batch = BatchRuntime(self.target, kv=self.config.kv, costs=self.costs)
         return self._batch
 
     # -- news -------------------------------------------------------------------
@@ -327,8 +326,7 @@ class Scheduler:
         alone when it cannot share forwards or nothing else could share them
         (a generation alone pipelines its decodes); the first partner moves
         any batchable generation running alone into the batch with it."""
-        entry.batched = entry.seq.proposer.batchable
-        mates = [e for e in self.alone if e.batched]
+        mates = [e for e in self.alone if e.seq.proposer.batchable]
         if (self.rows or mates) and self._joinable(entry):
             mates = [e for e in mates if self._joinable(e)]
         if not (self.rows or mates) or not self._joinable(entry):
@@ -343,14 +341,18 @@ class Scheduler:
         """Whether a generation can be a batch row now: its proposer can, the
         target batches, its KV layout is the batch's and its next forward is
         past the batch's ``quantized_kv_start``."""
-        if not entry.batched or self.batch is None:
+        if not entry.seq.proposer.batchable or self.batch is None:
             return False
         return self.batch.accepts(entry.seq.kv, len(entry.seq.tokens) - 1)
 
     def _rejoin(self) -> None:
-        """Generations that ran alone only until they passed
-        ``quantized_kv_start`` join the batch, or their partners there."""
-        passed = [e for e in self.alone if e.batched and e.seq.kv.quantized and self._joinable(e)]
+        """Generations that ran alone only until they could share forwards
+        (past ``quantized_kv_start``, or once their proposer became
+        batchable: layer skip's calibration done) join the batch, or their
+        partners there: every generation alone that could be a row now."""
+        if not (self.rows or len(self.alone) > 1):
+            return  # a generation alone with nobody to share with stays alone
+        passed = [e for e in self.alone if self._joinable(e)]
         if passed and (self.rows or len(passed) > 1):
             for entry in passed:
                 self.alone.remove(entry)
@@ -474,7 +476,10 @@ class Scheduler:
         """Drafts for the rows that share one batch drafter, made together;
         if it fails, its rows leave."""
         drafter = self._row_drafters[members[0][0].id]
-        asks = [DraftAsk(e.id, e.seq.proposer, e.seq.tokens, t.k) for e, t in members]
+        asks = [
+            DraftAsk(e.id, e.seq.proposer, e.seq.tokens, t.k, e.seq.policy.survival(t.key, t.k))
+            for e, t in members
+        ]
         try:
             drafts = drafter.propose(asks)
         except Exception as error:  # noqa: BLE001
@@ -572,7 +577,7 @@ class Scheduler:
             self.rows.remove(entry)
             self._fail(entry, error)
         if self._batch is not None:
-            self._batch = BatchRuntime(self.target, kv=self._batch.kv)
+            self._batch = BatchRuntime(self.target, kv=self._batch.kv, costs=self.costs)
         self._drafters, self._row_drafters = {}, {}
 
     def _drop_cancelled(self) -> None:

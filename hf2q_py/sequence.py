@@ -228,8 +228,10 @@ class Sequence:
 
     def move(self, runtime: Any) -> None:
         """Go on with another runtime holding the same state (a batch's row,
-        or a single sequence's runtime again); nothing may be in flight."""
+        or a single sequence's runtime again); nothing may be in flight. The
+        proposer is told (layer skip drafts on it)."""
         self.rt = runtime
+        self.proposer.move(runtime)
 
     def settle(self) -> None:
         """Drop a decode queued ahead (and drafts made meanwhile): the caches

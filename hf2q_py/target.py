@@ -70,9 +70,13 @@ class Kept:
     #: Layer skip's measured choice per recipe ("auto"): a skip set, or None
     #: when no skip set beat plain decoding.
     skip_sets: dict[str, list[int] | None] = field(default_factory=dict)
+    #: The generation (its proposer) measuring a layer-skip recipe's choice
+    #: now, by recipe: others with that recipe do not measure meanwhile.
+    calibrating: dict[str, Any] = field(default_factory=dict)
 
     def clear(self) -> None:
-        for d in (self.timings, self.draft_models, self.drafters, self.draft_heads, self.skip_sets):
+        for d in (self.timings, self.draft_models, self.drafters, self.draft_heads, self.skip_sets,
+                  self.calibrating):  # fmt: skip
             d.clear()
 
 

@@ -4,12 +4,15 @@ whenever it joined; rollback per row on every cache kind; one read a round."""
 
 from __future__ import annotations
 
+import mlx.core as mx
 import pytest
 from helpers import UNGATED, assert_same_greedy
-from models import random_prompt, tiny_target
+from mlx_lm.models.cache import ArraysCache
+from models import HYBRIDS, random_prompt, tiny_target
 from test_engine import loopy_prompt
 
 import hf2q_py
+from hf2q_py.batch.runtime import BatchRuntime
 from hf2q_py.errors import Hf2qError
 from hf2q_py.generation import make_config
 from hf2q_py.prompt_cache import PromptCache
@@ -21,8 +24,15 @@ from hf2q_py.tools.reads import count_reads
 PROMPTS = [loopy_prompt(24), random_prompt(20, 1), random_prompt(5, 2), loopy_prompt(40)[3:], [7]]
 
 # (arch, weight scale): full attention, sliding windows of 16 (the answers run past
-# them), Gemma 4's KV sharing, and recurrent gated-delta layers.
-ARCHS = [("llama", 2.0), ("gemma3_text", 1.0), ("gemma4_text", 1.5), ("qwen3_next", 1.0)]
+# them), Gemma 4's KV sharing, and recurrent layers: gated delta, short convolutions, Mamba-2.
+ARCHS = [
+    ("llama", 2.0),
+    ("gemma3_text", 1.0),
+    ("gemma4_text", 1.5),
+    ("qwen3_next", 1.0),
+    ("lfm2", 1.0),
+    ("nemotron_h", 1.0),
+]
 
 #: n-gram drafting with a fixed K and no memory: many drafts, many rejected.
 REJECTING = dict(method="ngram", k=4, adaptive=False, memory=False)
@@ -46,6 +56,37 @@ def test_every_row_of_a_batch_equals_its_solo_generation(arch, scale, options):
     assert_rows_equal_solo(target, PROMPTS, got, want)
     if options["method"] == "ngram":
         assert sum(g.stats.drafted - g.stats.accepted for g in got) > 0, "the test should exercise rollback"
+
+
+@pytest.mark.parametrize("arch", HYBRIDS)
+def test_ragged_and_trimmed_rows_hold_the_recurrent_state_of_their_own_tokens(arch):
+    """A row fed fewer tokens than the widest (right-padded) and a row that
+    trimmed part of its forward hold what a single sequence of their tokens
+    holds (Mamba-2's scan needs each row's length, not only its mask)."""
+    target = tiny_target(arch)
+    prompts, feeds, trims = (
+        [random_prompt(8, 1), random_prompt(6, 2), random_prompt(7, 3)],
+        [4, 1, 3],
+        [2, 0, 3],
+    )
+    batch = BatchRuntime(target)
+    for i, p in enumerate(prompts):
+        rt = target.runtime(rollback=8)
+        rt.prefill(p, logits="none")
+        batch.add(i, rt)
+    fed = [random_prompt(n, 10 + i) for i, n in enumerate(feeds)]
+    batch.forward(fed)
+    for i, n in enumerate(trims):
+        batch.trim(i, n)
+    batch.settle()
+    for i, (p, f, n) in enumerate(zip(prompts, fed, trims)):
+        ref = target.runtime()
+        ref.prefill(p + f[: len(f) - n], logits="none")
+        want = [a for c in ref.cache if isinstance(c, ArraysCache) for a in c.cache]
+        got = [a[i : i + 1] for c in batch.recurrent.caches for a in c.cache]
+        assert len(got) == len(want) > 0
+        for g, w in zip(got, want):
+            assert mx.allclose(g, w, atol=1e-4).item(), (i, float(mx.abs(g - w).max()))
 
 
 @pytest.mark.parametrize("arch, scale", [("llama", 2.0), ("gemma4_text", 1.5), ("qwen3_next", 1.0)])

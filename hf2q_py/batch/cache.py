@@ -48,6 +48,7 @@ class SlotTable:
         self.offsets = np.zeros(0, dtype=np.int64)
         self.used = 0  # columns written so far
         self.width = 0  # the forward in progress
+        self.packs = 0  # times the slots were packed
         self._mask: tuple[int, mx.array] | None = None
         self._offset: mx.array | None = None
 
@@ -102,6 +103,7 @@ class SlotTable:
             index[b, : len(cols)] = cols
             pos[b, : len(cols)] = self.pos[b, cols]
         self.pos, self.used = pos, n
+        self.packs += 1
         self.grow(n + width + STEP)
         return index
 
@@ -152,6 +154,20 @@ class SlotTable:
         tail = self.pos[row, : self.used]
         tail[(tail >= cut) & (tail < EMPTY)] = EMPTY
         self.offsets[row] = cut
+
+    def mark(self) -> tuple[np.ndarray, int, int]:
+        """What :meth:`rewind` brings the table back to."""
+        return self.offsets.copy(), self.used, self.packs
+
+    def rewind(self, mark: tuple[np.ndarray, int, int]) -> None:
+        """Empty every position written since ``mark`` (the rows unchanged
+        since); their columns are reclaimed when nothing was packed meanwhile."""
+        offsets, used, packs = mark
+        for b in range(self.rows):
+            self.trim(b, int(self.offsets[b] - offsets[b]))
+        if packs == self.packs:
+            self.used = used
+        self._mask = self._offset = None
 
     def row_slots(self, row: int) -> tuple[np.ndarray, np.ndarray]:
         """Row ``row``'s live columns and their positions, in position order."""

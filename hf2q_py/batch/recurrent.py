@@ -24,7 +24,7 @@ import numpy as np
 from mlx_lm.models.cache import ArraysCache
 
 from ..cache import LayerState
-from ..recurrent import RECURRENCES, RecurrentLog, _Entry
+from ..recurrent import RECURRENCES, RecurrentLog, _Entry, with_lengths
 from ..target import Target
 
 
@@ -97,6 +97,20 @@ class BatchRecurrent:
         self.keep[b] -= n
         self.offsets[b] -= n
 
+    def mark(self) -> tuple[list[list[Any]], np.ndarray]:
+        """What :meth:`rewind` brings the states back to."""
+        return [list(c.cache) for c in self.caches], self.offsets.copy()
+
+    def rewind(self, mark: tuple[list[list[Any]], np.ndarray]) -> None:
+        """Every row's states as they were at ``mark`` (the rows unchanged
+        since): whatever forwards ran since, however many."""
+        states, offsets = mark
+        for c, slots in zip(self.caches, states):
+            c.cache = list(slots)
+        self.offsets = offsets.copy()
+        self.keep = self.widths = None
+        self.log.entries.clear()
+
     def settle(self) -> None:
         """Every row's states at its kept positions of the last forward."""
         if self.keep is None or not self.log.entries:
@@ -124,8 +138,9 @@ def _settle_layer(cache: ArraysCache, entry: _Entry, layer: Any, keep: np.ndarra
     fn, bound = layer.recurrence
     args = dict(bound.arguments)
     args["mask"] = mx.arange(width, dtype=mx.int32)[None] < kept[:, None]
-    replayed = fn(*inspect.BoundArguments(bound.signature, args).args,
-                  **inspect.BoundArguments(bound.signature, args).kwargs)[1]  # fmt: skip
+    call = inspect.BoundArguments(bound.signature, args)
+    with_lengths(call, kept)  # Mamba-2: each row's state at its own kept length
+    replayed = fn(*call.args, **call.kwargs)[1]
     redo = mx.array(rejected)[(...,) + (None,) * (replayed.ndim - 1)]
     cache.cache[layer.state_slot] = mx.where(redo, replayed, cache.cache[layer.state_slot])
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -52,16 +53,19 @@ class BatchRuntime:
     ``rows`` are the ids of the sequences in batch order. ``keep`` bounds
     rollback on sliding-window layers (positions kept behind the window).
     ``kv``: how the batch stores keys and values (default: the Target's).
+    ``costs``: what the loop running the batch learns its forwards cost
+    (the scheduler's ``BatchCosts``), for batch drafters that plan forwards
+    of their own; None: nothing measured (they plan from a prior).
     """
 
     #: What rounds are timed with.
     clock = staticmethod(time.perf_counter)
 
-    def __init__(self, target: Target, keep: int = 64, kv: KVConfig | None = None):
+    def __init__(self, target: Target, keep: int = 64, kv: KVConfig | None = None, costs: Any = None):
         problem = batch_refusal(target)
         if problem is not None:
             raise Hf2qError(f"cannot batch: {problem}")
-        self.target, self.model = target, target.model
+        self.target, self.model, self.costs = target, target.model, costs
         solo = target.runtime(slack=keep, kv=kv)
         self.kv = solo.kv
         layout = solo.cache
@@ -174,6 +178,24 @@ class BatchRuntime:
         if self.recurrent is not None:
             self.recurrent.settle()
 
+    def mark(self) -> Mark:
+        """The batch's state now, which :meth:`rewind` returns to."""
+        tables = {w: t.mark() for w, t in self.tables.items()}
+        recurrent = self.recurrent.mark() if self.recurrent is not None else None
+        return Mark(tuple(self.rows), tables, recurrent)
+
+    def rewind(self, mark: Mark) -> None:
+        """Undo every forward since ``mark``, however many (drafting passes):
+        each row's positions written since are emptied on every layer
+        (skipped ones included), recurrent states are what they were. No
+        row may join or leave in between."""
+        if tuple(self.rows) != mark.rows:
+            raise ValueError("the batch's rows changed since the mark")
+        for window, table in self.tables.items():
+            table.rewind(mark.tables[window])
+        if self.recurrent is not None:
+            self.recurrent.rewind(mark.recurrent)
+
     def state(self) -> list[Any]:
         out = [c.state for c in self.caches if isinstance(c, SlotKVCache) and not c.empty()]
         return out + (self.recurrent.state() if self.recurrent is not None else [])
@@ -194,6 +216,15 @@ class BatchRuntime:
                 layers.append(self.recurrent.row_state(c, b))
         mx.eval([a for layer in layers for a in layer.arrays if a is not None])
         return Snapshot(tuple(tokens), tuple(layers), self.kv)
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A batch's rows, slot tables and recurrent states at one moment (``BatchRuntime.mark``)."""
+
+    rows: tuple[Any, ...]
+    tables: dict[int | None, Any]
+    recurrent: Any
 
 
 def _inputs(feeds: Sequence[Sequence[int] | mx.array], widths: list[int], width: int) -> mx.array:

@@ -15,6 +15,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from .policy import Policy
+from .probes import ProbeSchedule
 
 #: A wider batch must promise this much more than the best narrower one.
 WIDER_MARGIN = 0.02
@@ -71,9 +72,11 @@ def offer(policy: Policy, key: Hashable, drafts: int) -> Offer:
     return Offer(drafts, fixed=True) if rates is None else Offer(drafts, rates)
 
 
-def plan_width(offers: Sequence[Offer], costs: BatchCosts) -> int:
+def plan_width(offers: Sequence[Offer], costs: BatchCosts, step_cost: float = 0.0) -> int:
     """The verify width (drafts + 1) with the most expected tokens per second
-    over the batch; rows with a fixed K get theirs verified whole."""
+    over the batch; rows with a fixed K get theirs verified whole.
+    ``step_cost``: what each draft costs besides its column, as a share of a
+    decode of the rows (a drafter that runs a forward per draft: layer skip)."""
     rows = len(offers)
     widest = max((o.drafts for o in offers), default=0) + 1
     floor = max((o.drafts + 1 for o in offers if o.fixed), default=1)
@@ -81,7 +84,38 @@ def plan_width(offers: Sequence[Offer], costs: BatchCosts) -> int:
     for width in range(floor, widest + 1):
         tokens = sum(1.0 + sum(o.survival[: min(width - 1, o.drafts)]) for o in offers if not o.fixed)
         tokens += sum(1.0 + o.drafts for o in offers if o.fixed)
-        rate = tokens / costs.cost(rows * width)
+        rate = tokens / (costs.cost(rows * width) + (width - 1) * step_cost * costs.cost(rows))
         if rate > best_rate * (1.0 + WIDER_MARGIN):
             best, best_rate = width, rate
     return best
+
+
+@dataclass
+class DraftPlan:
+    """How many drafts a batch drafter makes for its rows in a round (before
+    the batch's planner picks the verify width from them): the width the
+    rows' acceptance rates promise at the batch's ``costs`` (measured by the
+    loop, or the prior until measured), each
+    draft also costing ``step_cost`` decodes of the rows (a drafter that
+    runs a forward per draft: layer skip; 0: one forward for any number,
+    DFlash). When no draft pays, a short probe now and then
+    (``ProbeSchedule``) keeps the rows' rates learning; rows with a fixed K
+    get all theirs."""
+
+    step_cost: float = 0.0
+    probes: ProbeSchedule = field(default_factory=ProbeSchedule)
+    costs: BatchCosts = field(default_factory=BatchCosts)
+    probing: bool = False
+
+    def drafts(self, offers: Sequence[Offer]) -> int:
+        n = plan_width(offers, self.costs, self.step_cost) - 1
+        if self.probing:
+            self.probes.probed(n > 0, self.probes.probe_k * self.step_cost)
+            self.probing = False
+        if n > 0:
+            return n
+        self.probes.tick()
+        if not self.probes.due():
+            return 0
+        self.probing = True
+        return min(self.probes.probe_k, max((o.drafts for o in offers), default=0))

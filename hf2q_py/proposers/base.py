@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 from collections.abc import Callable, Hashable, Sequence
 
+from ..draft_length.batch import Offer
 from ..draft_length.profile import DraftProfile
 
 if TYPE_CHECKING:
@@ -119,6 +120,11 @@ class Proposer:
         """Called once when generation ends (also when it is stopped early),
         with every committed token, prompt included."""
 
+    def move(self, runtime: Any) -> None:
+        """Its generation goes on with another runtime holding the same state
+        (a batch's row, or a runtime of its own again): a proposer that
+        drafts on the target's cache (``uses_target_cache``) follows it."""
+
 
 class PlainDecoding(Proposer):
     """No drafts: the engine decodes one token per round (the baseline)."""
@@ -135,12 +141,20 @@ class PlainDecoding(Proposer):
 
 @dataclass
 class DraftAsk:
-    """One row's request to a ``BatchDrafter``: up to ``k`` drafts after ``tokens``."""
+    """One row's request to a ``BatchDrafter``: up to ``k`` drafts after
+    ``tokens``. ``survival``: the chance that the first 1 .. k drafts are all
+    accepted, as the row's policy rates them (None: a fixed K, every draft
+    wanted), for drafters whose every draft costs a forward."""
 
     row: Hashable
     proposer: Proposer
     tokens: Sequence[int]
     k: int
+    survival: Sequence[float] | None = None
+
+    def offer(self) -> Offer:
+        """Its drafts as a batch's width planner prices them."""
+        return Offer(self.k, fixed=True) if self.survival is None else Offer(self.k, self.survival)
 
 
 class BatchDrafter(Protocol):

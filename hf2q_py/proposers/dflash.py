@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import mlx.core as mx
 
-from .dflash_drafter import Drafter, TargetHead, check_against_target, load_drafter
+from .dflash_batch import DFlashRows, batch_key
+from .dflash_drafter import Drafter, DrafterCache, TargetHead, check_against_target, load_drafter
 from ..errors import Hf2qError
 from ..target import Target
 from .base import Draft, Proposer
@@ -41,11 +42,12 @@ class DFlashProposer(Proposer):
     Context bookkeeping: the target's captured states for committed tokens
     wait in ``pending`` until the next draft, which moves them into the
     drafter's cache. Only verified positions (accepted drafts + the token fed
-    before them) are ever added, so the drafter's cache needs no trimming.
+    before them) are ever added, so the drafter's cache needs no trimming. As
+    a batch row its context is lent to the batch's ``DFlashRows`` (``cache``
+    is None meanwhile), which drafts for all the rows of its drafter at once.
     """
 
     name = "dflash"
-    batchable = False  # drafts with forwards of its own: runs alone beside the batch
     lazy_drafts = True
 
     def __init__(self, target: Target, drafter: Drafter):
@@ -69,17 +71,40 @@ class DFlashProposer(Proposer):
         self.pending = []
         self._add(hidden)
 
+    def take_pending(self) -> mx.array | None:
+        """The captured features not yet in the drafter's context (1, n, ...), now taken; None when none."""
+        if not self.pending:
+            return None
+        feats = mx.concatenate(self.pending, axis=1) if len(self.pending) > 1 else self.pending[0]
+        self.pending = []
+        return feats
+
+    def batch_drafter(self, batch: Any) -> tuple[Hashable, Callable[[], DFlashRows]]:
+        """Rows drafting with the same drafter draft together, one forward for all of them."""
+        return batch_key(self.drafter), lambda: DFlashRows(self.drafter, self.head, batch.costs)
+
+    def lend_context(self) -> DrafterCache:
+        """Its drafter context, pending features included, given to a batch
+        (which gives it back when the generation leaves)."""
+        feats = self.take_pending()
+        if feats is not None:
+            self.drafter.extend(feats, self.cache)
+        cache, self.cache = self.cache, None
+        return cache
+
     def propose(self, tokens: Sequence[int], k: int) -> Draft:
         n = min(k, self.cfg.block_size - 1)
-        feats = None
-        if self.pending:
-            feats = mx.concatenate(self.pending, axis=1) if len(self.pending) > 1 else self.pending[0]
-            self.pending = []
+        feats = self.take_pending()
         block = mx.array(
             [[tokens[-1]] + [self.cfg.mask_token_id] * (self.cfg.block_size - 1)], dtype=mx.uint32
         )
         h = self.drafter(self.head.embed(block), feats, cache=self.cache)
-        logits = self.head.draft_logits(h[0, 1 : n + 1])
+        return self.drafts(self.head.draft_logits(h[0, 1 : n + 1]), tokens)
+
+    def drafts(self, logits: mx.array, tokens: Sequence[int]) -> Draft:
+        """Drafts from the drafter's logits (n, draft vocabulary) for the
+        positions after ``tokens``, chosen by this generation's decider."""
+        n = logits.shape[0]
         if self.vocab is not None:
             if self.decider.cfg.greedy and not self.decider.needs_context:  # argmax within the subset
                 return Draft(self.vocab.ids[mx.argmax(logits, axis=-1)])

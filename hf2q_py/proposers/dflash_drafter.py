@@ -246,10 +246,13 @@ class DrafterAttention(nn.Module):
         rope: nn.Module,
         block_pos: int | mx.array,
         ctx_visible: mx.array | None,
+        ctx_pos: mx.array | None = None,
     ) -> mx.array:
         """``x``: (N, L, H) blocks starting at ``block_pos`` (an int, or (N,)
         positions); ``ctx_k/v``: (1 or N, kv_heads, S, d); ``ctx_visible``:
-        None (all context visible) or a bool mask (N, 1, L, S)."""
+        None (all context visible) or a bool mask (N, 1, L or 1, S);
+        ``ctx_pos``: the context keys' positions (N, S), None when they are
+        the S positions right before each block."""
         N, L, _ = x.shape
         q = rope(self._heads(self.q_proj(x), self.n_heads, self.q_norm), offset=block_pos)
         k = rope(self._heads(self.k_proj(x), self.n_kv_heads, self.k_norm), offset=block_pos)
@@ -266,7 +269,10 @@ class DrafterAttention(nn.Module):
             # a query at block position i sees context key j when (pos_i - pos_j) < window
             start = block_pos if isinstance(block_pos, mx.array) else mx.array([block_pos])
             q_pos = start.reshape(-1, 1, 1, 1) + mx.arange(L).reshape(1, 1, L, 1)
-            k_pos = (start.reshape(-1, 1, 1, 1) - S) + mx.arange(S).reshape(1, 1, 1, S)
+            if ctx_pos is None:
+                k_pos = (start.reshape(-1, 1, 1, 1) - S) + mx.arange(S).reshape(1, 1, 1, S)
+            else:
+                k_pos = ctx_pos[:, None, None, :]
             in_window = (q_pos - k_pos) < self.window
             ctx_visible = in_window if ctx_visible is None else ctx_visible & in_window
         block = self._block_mask(L)
@@ -361,6 +367,32 @@ class Drafter(nn.Module):
         """(N, S, n_layers*H) concatenated target states -> (N, S, H) context."""
         return self.hidden_norm(self.fc(features))
 
+    def context(self, features: mx.array, offset: int | mx.array) -> list[tuple[mx.array, mx.array]]:
+        """Each layer's keys and values (N, kv_heads, S, d) of the context
+        ``features`` (N, S, ...) at positions ``offset`` (an int, or (N,)) on."""
+        ctx = self.fuse(features)
+        return [layer.self_attn.context_kv(ctx, self._rope, offset) for layer in self.layers]
+
+    def extend(self, features: mx.array, cache: DrafterCache) -> None:
+        """Add the context ``features`` (1, S, ...) to ``cache``, with no block."""
+        if features.shape[1]:
+            for i, (k, v) in enumerate(self.context(features, cache.offset)):
+                cache.append(i, k, v)
+            cache.offset += features.shape[1]
+
+    def draft_rows(self, x: mx.array, rows: Any) -> mx.array:
+        """Final-norm hidden states (R, L, H) of embedded blocks ``x``, row b's
+        block right after row b's context in ``rows`` (a ``DrafterRows``:
+        slots, their positions and each row's length)."""
+        visible, positions = rows.visible()
+        block_pos = rows.lengths()
+        h = x
+        for i, layer in enumerate(self.layers):
+            k, v = rows.context(i)
+            h = h + layer.self_attn(layer.input_layernorm(h), k, v, self._rope, block_pos, visible, positions)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.norm(h)
+
     def __call__(
         self,
         x: mx.array,
@@ -379,26 +411,21 @@ class Drafter(nn.Module):
         which context positions each block may see.
         """
         S = features.shape[1] if features is not None else 0
-        ctx = self.fuse(features) if S else None
         if cache is not None:
-            ctx_offset, block_pos = cache.offset, cache.offset + S
+            if S:
+                self.extend(features, cache)
+            kv = [(cache.keys[i], cache.values[i]) for i in range(len(self.layers))]
+            block_pos = cache.offset
         else:
-            ctx_offset = 0
+            kv = self.context(features, 0) if S else [(None, None)] * len(self.layers)
         h = x
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            if ctx is not None:
-                k, v = attn.context_kv(ctx, self._rope, ctx_offset)
-            else:
+            k, v = kv[i]
+            if k is None:
                 k = v = mx.zeros((1, attn.n_kv_heads, 0, attn.head_dim), dtype=h.dtype)
-            if cache is not None:
-                k, v = cache.append(i, k, v) if S else (cache.keys[i], cache.values[i])
-                if k is None:
-                    k = v = mx.zeros((1, attn.n_kv_heads, 0, attn.head_dim), dtype=h.dtype)
             h = h + attn(layer.input_layernorm(h), k, v, self._rope, block_pos, ctx_visible)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        if cache is not None:
-            cache.offset += S
         return self.norm(h)
 
     def make_cache(self) -> DrafterCache:

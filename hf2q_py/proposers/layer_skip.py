@@ -3,22 +3,27 @@ skipped, then verifies with all of them. No second model, no extra weights.
 
 The draft pass runs on the target's own cache: the layers it runs read the
 full model's K/V of every committed token, and whatever it writes for the
-draft positions is trimmed off again before verification.
+draft positions is trimmed off again before verification. In a batch
+(:class:`LayerSkipRows`) the rows that skip the same layers draft together:
+each draft step is one partial forward of the batch's runtime, and the
+batch is rewound to its state before drafting once the steps are queued.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ..distributed import agree
+from ..draft_length.batch import BatchCosts, DraftPlan
 from ..errors import Hf2qError
 from ..taps import check_skip_set, check_skippable, embedding, find_decoder, language_model
 from ..target import Target
-from .base import Draft, Proposer
+from .base import Draft, DraftAsk, Proposer
 
 MARGIN = 1.05  # a skip set is kept only if it beats plain decoding by this factor
 
@@ -128,11 +133,12 @@ class LayerSkipProposer(Proposer):
     untried, from their share of the weights against a verify timed right
     after prefill; when none is left there is no calibration.
     The choice is kept on the target (``target.kept.skip_sets``), so later
-    generations with ``auto`` start from it.
+    generations with ``auto`` start from it. One generation calibrates at a
+    time (``target.kept.calibrating``): one that starts while another
+    calibrates decodes plainly.
     """
 
     name = "layerskip"
-    batchable = False  # drafts with forwards of its own: runs alone beside the batch
     uses_target_cache = True
     lazy_drafts = True
 
@@ -172,6 +178,23 @@ class LayerSkipProposer(Proposer):
     # -- auto calibration ------------------------------------------------------
     def _remember(self, skip: list[int] | None) -> None:
         self.target.kept.skip_sets["auto"] = skip
+        self._release()
+
+    def _claim(self) -> None:
+        """Calibrate only while no other generation on the target does: one
+        that starts meanwhile decodes plainly (and can be a batch row) for
+        its whole length; one that starts after a choice takes it."""
+        kept = self.target.kept
+        if "auto" in kept.skip_sets:
+            self.skip, self.trials = kept.skip_sets["auto"], []
+        elif kept.calibrating.get("auto", self) is not self:
+            self.skip, self.trials = None, []
+        else:
+            kept.calibrating["auto"] = self
+
+    def _release(self) -> None:
+        if self.target.kept.calibrating.get("auto") is self:
+            del self.target.kept.calibrating["auto"]
 
     def _account(self, committed: int, seconds: float) -> None:
         """Measure the skip set on trial: a candidate is dropped after its first
@@ -200,6 +223,22 @@ class LayerSkipProposer(Proposer):
     @property
     def active(self) -> bool:
         return self.skip is not None or bool(self.trials)
+
+    @property
+    def batchable(self) -> bool:
+        """Once calibrated: ``auto`` measures its candidates on a generation's
+        own rounds, alone; then the skip set it keeps drafts in the batch."""
+        return not self.trials
+
+    def batch_drafter(self, batch: Any) -> tuple[Hashable, Callable[[], LayerSkipRows]] | None:
+        """Rows skipping the same layers draft together (none: plain decoding, no drafter)."""
+        if self.skip is None:
+            return None
+        skip = list(self.skip)
+        return ("layerskip", tuple(skip)), lambda: LayerSkipRows(batch, skip, self.target.model)
+
+    def move(self, runtime: Any) -> None:
+        self.rt = runtime
 
     def _prune(self, last_token: int) -> None:
         """Drop the trial candidates that could not pay even optimistically."""
@@ -239,6 +278,8 @@ class LayerSkipProposer(Proposer):
         self.decider = decider
         self.rt = runtime
         if self.trials:
+            self._claim()
+        if self.trials:
             self._prune(prompt[-1])
         self._t_last = time.perf_counter()
         self._last_len = len(prompt)
@@ -266,6 +307,63 @@ class LayerSkipProposer(Proposer):
             (seconds,) = self._agreed(now - self._t_last)
             self._account(len(tokens) - self._last_len, seconds)
         self._last_len, self._t_last = len(tokens), now
+
+    def finish(self, tokens) -> None:
+        self._release()  # a calibration cut short: the next generation measures
+
+
+class LayerSkipRows:
+    """Drafts for the rows of a batch (a ``BatchRuntime``) whose proposers
+    skip the layers ``skip``: each step one partial forward of the batch,
+    one position per drafting row (the other rows feed nothing), each row's
+    draft chosen by its own decider; then the batch is rewound
+    (``BatchRuntime.rewind``: every layer's draft positions emptied, the
+    recurrent states as before), so the verify finds the committed tokens
+    only. Drafts stay lazy. How many steps run is the ``DraftPlan``'s
+    choice at the batch's measured costs, each step costing
+    ``draft_cost_share`` of a decode of the rows."""
+
+    def __init__(self, batch: Any, skip: Sequence[int], model: Any):
+        self.batch, self.skip = batch, list(skip)
+        self.plan = DraftPlan(step_cost=draft_cost_share(model, self.skip), costs=batch.costs or BatchCosts())
+        self.rows: dict[Hashable, LayerSkipProposer] = {}
+
+    def join(self, row: Hashable, proposer: LayerSkipProposer) -> None:
+        self.rows[row] = proposer
+
+    def leave(self, row: Hashable, proposer: LayerSkipProposer) -> None:
+        self.rows.pop(row, None)
+
+    def propose(self, asks: Sequence[DraftAsk]) -> list[Draft]:
+        n = self.plan.drafts([a.offer() for a in asks])
+        index = {row: b for b, row in enumerate(self.batch.rows)}
+        feeds: list[Any] = [mx.array([a.tokens[-1]], dtype=mx.uint32) for a in asks]
+        steps: list[list[mx.array]] = [[] for _ in asks]
+        dists: list[list[mx.array | None]] = [[] for _ in asks]
+        mark = self.batch.mark()
+        try:
+            for i in range(n):
+                live = [j for j, a in enumerate(asks) if a.k > i]
+                row_feeds: list[Any] = [[] for _ in index]
+                for j in live:
+                    row_feeds[index[asks[j].row]] = feeds[j]
+                logits = self.batch.forward(row_feeds, skip_layers=self.skip).logits
+                for j in live:
+                    a = asks[j]
+                    y, q = a.proposer.decider.draft_token(logits[index[a.row], 0], a.tokens, i)
+                    feeds[j] = y.reshape(1)
+                    steps[j].append(y)
+                    dists[j].append(q)
+                mx.async_eval([steps[j][-1] for j in live])
+        finally:
+            self.batch.rewind(mark)
+        return [_draft(s, d) for s, d in zip(steps, dists)]
+
+
+def _draft(steps: list[mx.array], dists: list[mx.array | None]) -> Draft:
+    if not steps:
+        return Draft()
+    return Draft(mx.stack(steps), mx.stack(dists) if dists[0] is not None else None)
 
 
 def build(target: Target, spec) -> LayerSkipProposer:
