@@ -20,6 +20,7 @@ import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from ..budget import MemoryExhausted, MemoryRefused
 from ..config import GenerationConfig
 from ..errors import Hf2qError, one_line
 from ..generation import stream_generate
@@ -120,6 +121,10 @@ class JobSink:
     def done(self, stats: GenerationStats, error: Hf2qError | None = None) -> None:
         if error is None:
             self.job.emit(Finished(stats, cancelled=self.job.cancelled))
+        elif isinstance(
+            error, (MemoryRefused, MemoryExhausted)
+        ):  # the budget's 413/429, MLX's failed allocation
+            self.job.emit(Failed(error.status, one_line(error, limit=1000), error.code))
         elif isinstance(error, Failure):  # not the request's fault
             self.job.emit(
                 Failed(500, "the generation failed on the server (see the server's log)", "server_error")
