@@ -52,6 +52,8 @@ WINDOW_KEEP = 64
 #: Head dimensions MLX 0.32's fused Metal attention takes for any query length
 #: (``has_fused_kernel`` in mlx/backend/metal/scaled_dot_product_attention.cpp).
 FUSED_HEAD_DIMS = (64, 96, 128)
+#: The widest forward a draft-length policy asks (``MAX_K`` drafts and the last token).
+MAX_WIDTH = 257
 #: Words in the messages of MLX's failed allocations.
 ALLOCATION_FAILED = ("[metal::malloc]", "[malloc] unable to allocate", "insufficient memory", "out of memory")
 
@@ -234,26 +236,59 @@ class ForwardShape:
         return not (width > 8 or width * max(1, self.heads // max(1, self.kv_heads)) <= 32)
 
 
-def row_bytes(layers: Sequence[LayerShape], kv: KVConfig, columns: int, window_slack: int) -> int:
-    """One row's caches for ``columns`` positions stored as ``kv``: full
-    attention every column, sliding windows at most their window plus the
-    kept history and ``window_slack`` (the widest write, allocation steps),
-    recurrent layers their state twice (the state and its rollback log);
-    with ``quantized_kv_start`` > 0, the positions below it also at full
-    precision."""
-    total = 0
-    for s in layers:
-        if s.kind == "recurrent":
-            total += 2 * s.fixed_bytes
-            continue
-        held = min(columns, s.window + WINDOW_KEEP + window_slack) if s.kind == "window" else columns
-        pos = kv.position_bytes(s.k_dim, s.heads, s.dtype) + kv.position_bytes(s.v_dim, s.heads, s.dtype)
-        total += held * pos
-        if kv.quantized and kv.start > 0:
-            full = FULL_PRECISION.position_bytes(s.k_dim, s.heads, s.dtype)
-            full += FULL_PRECISION.position_bytes(s.v_dim, s.heads, s.dtype)
-            total += min(held, kv.start + STEP) * full
-    return total
+@dataclass(frozen=True)
+class RowPrice:
+    """One row's caches under one KV layout, as prices: ``parts`` (bytes per
+    position, the most positions held: None for every one), ``fixed`` bytes
+    whatever the length, and each layer's own parts (``layers``)."""
+
+    parts: tuple[tuple[int, int | None], ...]
+    fixed: int
+    layers: tuple[tuple[tuple[int, int | None], ...], ...]
+
+    @classmethod
+    def of(cls, layers: Sequence[LayerShape], kv: KVConfig, window_slack: int) -> RowPrice:
+        """Full attention holds every position, sliding windows at most their
+        window plus the kept history and ``window_slack`` (the widest write,
+        allocation steps), recurrent layers their state twice (the state and
+        its rollback log); with ``quantized_kv_start`` > 0 the positions below
+        it are also held at full precision."""
+        fixed, own = 0, []
+        for s in layers:
+            if s.kind == "recurrent":
+                fixed += 2 * s.fixed_bytes
+                own.append(((2 * s.fixed_bytes, 0),))
+                continue
+            cap = s.window + WINDOW_KEEP + window_slack if s.kind == "window" else None
+            pos = kv.position_bytes(s.k_dim, s.heads, s.dtype) + kv.position_bytes(s.v_dim, s.heads, s.dtype)
+            parts = [(pos, cap)]
+            if kv.quantized and kv.start > 0:
+                full = FULL_PRECISION.position_bytes(s.k_dim, s.heads, s.dtype)
+                full += FULL_PRECISION.position_bytes(s.v_dim, s.heads, s.dtype)
+                parts.append((full, min(cap or kv.start + STEP, kv.start + STEP)))
+            own.append(tuple(p for p in parts))
+        by_cap: dict[int | None, int] = {}
+        for parts in own:
+            for pos, cap in parts:
+                if cap != 0:
+                    by_cap[cap] = by_cap.get(cap, 0) + pos
+        return cls(tuple((pos, cap) for cap, pos in by_cap.items()), fixed, tuple(set(own)))
+
+    def bytes(self, columns: int) -> int:
+        """The row's caches after ``columns`` positions."""
+        return self.fixed + sum(
+            pos * (columns if cap is None else min(columns, cap)) for pos, cap in self.parts
+        )
+
+    def largest(self, columns: int) -> int:
+        """The largest single layer's cache after ``columns`` positions."""
+        return max((_held(parts, columns) for parts in self.layers), default=0)
+
+
+def _held(parts: tuple[tuple[int, int | None], ...], columns: int) -> int:
+    return sum(
+        pos if cap == 0 else pos * (columns if cap is None else min(columns, cap)) for pos, cap in parts
+    )
 
 
 def model_bytes(model: Any) -> int:
@@ -360,6 +395,7 @@ class MemoryLedger:
         self.layers = target.layer_shapes()
         self.shape = ForwardShape.of(target, self.layers)
         self._weights: dict[int, int] = {id(target.model): model_bytes(target.model)}
+        self._prices: dict[KVConfig, RowPrice] = {}
         self._lock = threading.Lock()
         self.report = MemoryReport(budget=self.total, weights=self._weights[id(target.model)])
         self.refusals: dict[str, int] = {}
@@ -373,10 +409,16 @@ class MemoryLedger:
         (and the batch's room for the next forward) and two allocation steps."""
         return 2 * width + 2 * STEP
 
-    def row(self, columns: int, kv: KVConfig, width: int = 1) -> int:
-        """One row's caches for ``columns`` positions stored as ``kv`` (a
-        sliding window also holds a prefill chunk's positions)."""
-        return row_bytes(self.layers, kv, columns, max(self.chunk, width) + 2 * STEP)
+    def price(self, kv: KVConfig) -> RowPrice:
+        """A row's caches stored as ``kv`` (a sliding window also holds a
+        prefill chunk's or the widest verify's positions), priced once."""
+        if kv not in self._prices:
+            self._prices[kv] = RowPrice.of(self.layers, kv, max(self.chunk, MAX_WIDTH) + 2 * STEP)
+        return self._prices[kv]
+
+    def row(self, columns: int, kv: KVConfig) -> int:
+        """One row's caches for ``columns`` positions stored as ``kv``."""
+        return self.price(kv).bytes(columns)
 
     def weights(self, models: Iterable[Any] = ()) -> int:
         """The target's weights and those of ``models`` (each model measured once)."""
@@ -402,7 +444,7 @@ class MemoryLedger:
         columns = prompt + max_tokens + self.slack(width)
         models, own_bytes = own(columns) if own is not None else ((), 0)
         cache = getattr(self.target, "prompt_cache", None)
-        restore = self.row(prompt, kv, width) if cache is not None and cache.disk is not None else 0
+        restore = self.row(prompt, kv) if cache is not None and cache.disk is not None else 0
         return Reservation(prompt, max_tokens, columns, width, kv, tuple(models), own_bytes, restore)
 
     def need(self, live: Sequence[Reservation], columns: int = 0, prompt_cache: bool = True) -> Need:
@@ -414,23 +456,30 @@ class MemoryLedger:
             return Need(weights, 0, 0, 0, pc)
         n = len(live)
         cols = max(columns, max(r.columns for r in live))
-        width = max(r.width for r in live)
-        row = max(self.row(cols, kv, width) for kv in {r.kv for r in live})
+        row = max(self.row(cols, kv) for kv in {r.kv for r in live})
         kv = n * row + (row if n > 1 else 0) + sum(r.restore for r in live)
         return Need(weights, kv, sum(r.own_bytes for r in live), self.transient(live, cols), pc)
 
+    def layer(self, columns: int, kv: KVConfig) -> int:
+        """The largest layer cache of a row of ``columns`` positions: what a
+        cache growing (or a batch packing) copies while the old one lives."""
+        return self.price(kv).largest(columns)
+
     def transient(self, live: Sequence[Reservation], columns: int) -> int:
-        """Activations of the forwards a step may have in flight: a prefill
-        chunk against its prompt, a round of a generation alone against its
-        reservation and (two or more live) a batched round of every row
-        against the batch's ``columns``."""
+        """Temporaries of the forwards a step may have in flight, each with
+        one layer's cache copied as it grows: a prefill chunk against its
+        prompt, a round of a generation alone against its reservation and
+        (two or more live) a batched round of every row against the batch's
+        ``columns``."""
         s, q = self.shape, any(r.kv.quantized for r in live)
-        prefill = max(s.bytes(1, min(self.chunk, r.prompt), r.prompt + STEP, 0, q) for r in live)
-        alone = max(s.bytes(1, r.width, r.columns, r.width, q) for r in live)
+        prefill = max(s.bytes(1, min(self.chunk, r.prompt), r.prompt + STEP, 0, q)
+                      + self.layer(r.prompt + STEP, r.kv) for r in live)  # fmt: skip
+        alone = max(s.bytes(1, r.width, r.columns, r.width, q) + self.layer(r.columns, r.kv) for r in live)
         if len(live) < 2:
             return prefill + alone
-        width = max(r.width for r in live)
-        return prefill + alone + s.bytes(len(live), width, columns, len(live) * width, q)
+        n, width = len(live), max(r.width for r in live)
+        batch = s.bytes(n, width, columns, n * width, q) + n * max(self.layer(columns, r.kv) for r in live)
+        return prefill + alone + batch
 
     def _prompt_cache_bytes(self) -> int:
         cache = getattr(self.target, "prompt_cache", None)

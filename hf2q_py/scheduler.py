@@ -149,7 +149,7 @@ class Scheduler:
             if self.config.memory
             else None
         )
-        self._memory_blocked = False  # the first waiting generation waits for memory
+        self._memory_blocked: Entry | None = None  # the first waiting generation, when it waits for memory
         self._since_clear = 0  # steps since the last mx.clear_cache()
         self._last_active = 0  # generations admitted and running after the last admission
 
@@ -192,7 +192,7 @@ class Scheduler:
     def waiting_for_memory(self) -> int:
         """Generations waiting because the memory budget has no room for the first of them."""
         with self.lock:
-            return sum(not e.cancelled for e in self.waiting) if self._memory_blocked else 0
+            return sum(not e.cancelled for e in self.waiting) if self._memory_blocked is not None else 0
 
     @property
     def active(self) -> int:
@@ -229,6 +229,8 @@ class Scheduler:
         self._rejoin()
         if len(self.rows) == 1 and not self.joining and not self.waiting:
             self._to_alone(self.rows[0])
+        if self.ledger is not None:
+            self._record()
 
     def run(self) -> None:
         """Step until every submitted generation is finished."""
@@ -265,10 +267,8 @@ class Scheduler:
                 self._fail(entry, e)
                 continue
             self.joining.append(entry)
-        self._memory_blocked = blocked
+        self._memory_blocked = entry if blocked else None
         self._last_active = self.active
-        if self.ledger is not None:
-            self._record(entry if blocked else None)
 
     def _pop(self, entry: Entry) -> None:
         with self.lock:
@@ -329,11 +329,10 @@ class Scheduler:
         if self.ledger is not None:
             self.ledger.make_room(self._reservations(), self._columns())
 
-    def _record(self, head: Entry | None) -> None:
-        """The budget's numbers after this step's admissions (``head``: the
-        generation waiting for memory), for metrics."""
+    def _record(self) -> None:
+        """The budget's numbers at the end of a step, for metrics."""
         live, columns = self._reservations(), self._columns()
-        fit = 0
+        fit, head = 0, self._memory_blocked
         if head is not None and head.reservation is not None:
             r = head.reservation
             fit = self.ledger.fit(r.prompt, r.kv, live, columns, r.width)
