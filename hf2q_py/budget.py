@@ -534,12 +534,14 @@ class MemoryLedger:
         return MemoryRefused(self._too_long(prompt, max_tokens, fits, kv), 413)
 
     def _too_long(self, prompt: int, max_tokens: int, fits: int, kv: KVConfig) -> str:
+        least = self.need([self.reserve(prompt, 1, kv)], prompt_cache=False)
         return (
             f"prompt is too long for this server's memory: {prompt} prompt tokens plus {max_tokens} to "
             f"generate were asked, and at most {max(fits, 0)} tokens (prompt and answer) fit: the memory "
-            f"budget ({self.source}) holds {format_bytes(self.weights())} of "
-            f"weights and {self.per_token(kv):,.0f} bytes of KV per token, besides activations "
-            f"(give a shorter prompt, or a larger --memory-budget)"
+            f"budget ({self.source}) holds {format_bytes(least.weights)} of weights, and this prompt with "
+            f"one token to generate needs {format_bytes(least.kv)} of KV ({self.per_token(kv):,.0f} bytes "
+            f"per token) and {format_bytes(least.transient)} of activations (give a shorter prompt, or a "
+            f"larger --memory-budget)"
         )
 
     def check_model(self) -> None:

@@ -194,7 +194,7 @@ def test_a_prompt_that_cannot_fit_is_refused_with_the_numbers_while_the_others_g
     assert isinstance(refused, MemoryRefused) and refused.status == 413
     text = str(refused)
     assert "6000 prompt tokens plus 20" in text and "tokens (prompt and answer) fit" in text
-    assert "memory_budget 24.0 MiB" in text and "bytes of KV per token" in text
+    assert "memory_budget 24.0 MiB" in text and "bytes per token" in text and "of activations" in text
     assert sched.ledger.report.refusals == {"prompt_too_long": 1}
 
 

@@ -107,7 +107,7 @@ def test_a_prompt_over_the_budget_is_a_413_with_the_numbers_while_another_reques
     body = e.value.body
     assert body["code"] == "insufficient_memory" and body["type"] == "invalid_request_error"
     assert "prompt is too long for this server's memory: 3000 prompt tokens plus 4" in body["message"]
-    assert "tokens (prompt and answer) fit" in body["message"] and "bytes of KV per token" in body["message"]
+    assert "tokens (prompt and answer) fit" in body["message"] and "bytes per token" in body["message"]
     with pytest.raises(anthropic.APIStatusError) as e:
         claude.messages.create(model="m", max_tokens=4, messages=[{"role": "user", "content": "x" * 3000}])
     assert e.value.status_code == 413
