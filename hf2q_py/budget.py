@@ -208,7 +208,8 @@ class ForwardShape:
         ffn = max(target.config("intermediate_size") or 4 * hidden,
                   (target.config("num_experts_per_tok") or 0) * (target.config("moe_intermediate_size") or 0))  # fmt: skip
         dims = {d for s in attn for d in (s.k_dim, s.v_dim)}
-        fused = mx.metal.is_available() and all(d in FUSED_HEAD_DIMS for d in dims)
+        on_gpu = mx.default_device().type == mx.DeviceType.gpu and mx.metal.is_available()
+        fused = on_gpu and all(d in FUSED_HEAD_DIMS for d in dims)
         itemsize = max(s.dtype.size for s in attn)
         return cls(heads, kv_heads, hidden, ffn, heads * dim + 2 * kv_heads * dim,
                    target.vocab_size or 1, itemsize, fused)  # fmt: skip
