@@ -588,18 +588,25 @@ class MemoryLedger:
             self.refusals[reason] = self.refusals.get(reason, 0) + 1
 
     # -- the prompt cache ----------------------------------------------------------
-    def make_room(self, live: Sequence[Reservation], columns: int, keep: Any = None) -> bool:
-        """Evict prompt-cache snapshots (least recently used first, never
-        ``keep``) until ``live`` fits; whether it does."""
+    def make_room(
+        self, live: Sequence[Reservation], columns: int, keep: Any = None, partly: bool = False
+    ) -> bool:
+        """Whether ``live`` fits, after evicting prompt-cache snapshots
+        (least recently used first, never ``keep``) as far as it needs;
+        ``partly``: evict even when that cannot make it fit (the budget is
+        exceeded), else only when it makes it fit."""
         cache = getattr(self.target, "prompt_cache", None)
         need = self.need(live, columns)
         over = need.total - self.total
-        if over > 0 and cache is not None:
-            evicted = cache.evict(over, keep=keep)
-            with self._lock:
-                self.evictions += evicted
-            need = self.need(live, columns)
-        return need.total <= self.total
+        if over <= 0 or cache is None:
+            return over <= 0
+        kept = keep.nbytes if keep is not None else 0
+        if not partly and need.prompt_cache - kept < over:
+            return False
+        evicted = cache.evict(over, keep=keep)
+        with self._lock:
+            self.evictions += evicted
+        return self.need(live, columns).total <= self.total
 
     def record(
         self, live: Sequence[Reservation], columns: int, in_use: int, waiting: int, fit_now: int

@@ -192,7 +192,7 @@ def batch_generate(
     max_batch: int = 8,
     on_round: Callable[[Round], None] | None = None,
     configs: abc.Sequence[GenerationConfig] | None = None,
-    memory: MemoryBudget | None = None,
+    memory_budget: MemoryBudget | None = None,
     **options: Any,
 ) -> list[GenerationResult]:
     """Generate completions of several prompts at once, sharing forwards:
@@ -201,7 +201,7 @@ def batch_generate(
     ``generate`` would return it (greedy tokens equal, but at near-ties).
 
     ``configs``: one ``GenerationConfig`` per prompt instead of the keyword
-    options (which :func:`stream_generate` lists). ``memory``: a
+    options (which :func:`stream_generate` lists). ``memory_budget``: a
     :class:`~hf2q_py.budget.MemoryBudget` the generations keep within
     (they wait for each other when it is full; a prompt that cannot fit
     raises ``MemoryRefused``).
@@ -218,7 +218,7 @@ def batch_generate(
         configs = [_config(c, {}, {}) for c in configs]
     kvs = {c.kv or target.kv for c in configs}
     kv = kvs.pop() if len(kvs) == 1 else None  # the batch stores as its generations do
-    scheduler = Scheduler(target, SchedulerConfig(max_batch=max_batch, kv=kv, memory=memory))
+    scheduler = Scheduler(target, SchedulerConfig(max_batch=max_batch, kv=kv, memory=memory_budget))
     sinks = []
     for prompt, config in zip(prompts, configs):
         ids = encode_prompt(target, prompt, config.chat_template)

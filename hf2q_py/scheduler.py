@@ -152,6 +152,7 @@ class Scheduler:
         self._memory_blocked: Entry | None = None  # the first waiting generation, when it waits for memory
         self._since_clear = 0  # steps since the last mx.clear_cache()
         self._last_active = 0  # generations admitted and running after the last admission
+        self._fit_now: tuple[Any, int] = (None, 0)  # what fits beside the live generations, by their set
 
     # -- requests ---------------------------------------------------------------
     def submit(
@@ -327,15 +328,19 @@ class Scheduler:
             mx.clear_cache()
             self._since_clear = 0
         if self.ledger is not None:
-            self.ledger.make_room(self._reservations(), self._columns())
+            self.ledger.make_room(self._reservations(), self._columns(), partly=True)
 
     def _record(self) -> None:
-        """The budget's numbers at the end of a step, for metrics."""
+        """The budget's numbers at the end of a step, for metrics (what
+        would fit beside the live generations: again only when they changed)."""
         live, columns = self._reservations(), self._columns()
         fit, head = 0, self._memory_blocked
         if head is not None and head.reservation is not None:
             r = head.reservation
-            fit = self.ledger.fit(r.prompt, r.kv, live, columns, r.width)
+            key = (tuple(id(x) for x in live), columns, id(r))
+            if self._fit_now[0] != key:
+                self._fit_now = (key, self.ledger.fit(r.prompt, r.kv, live, columns, r.width))
+            fit = self._fit_now[1]
         trees = [e.seq.rt.state() for e in (*self.joining, *self.alone) if hasattr(e.seq.rt, "state")]
         if self._batch is not None and self.rows:
             trees.append(self._batch.state())
