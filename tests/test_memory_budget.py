@@ -19,11 +19,12 @@ from hf2q_py.budget import (
     MemoryRefused,
     allocation_failure,
     arrays_bytes,
+    model_bytes,
     parse_size,
 )
 from hf2q_py.errors import Hf2qError
 from hf2q_py.generation import batch_generate, make_config
-from hf2q_py.kv import FULL_PRECISION, KVConfig, kv_bytes_per_token
+from hf2q_py.kv import FULL_PRECISION, KVConfig, kv_bytes_per_token, kv_footprint
 from hf2q_py.prompt_cache import PromptCache
 from hf2q_py.scheduler import Scheduler, SchedulerConfig, Sink
 
@@ -126,6 +127,35 @@ def test_a_reservation_holds_its_tokens_and_the_batch_pads_rows_to_the_longest()
     assert alone.kv == row
     assert two.kv == 3 * row  # both rows as long as the longest, and one more for a row's move
     assert two.transient > alone.transient > 0 and two.weights == alone.weights
+
+
+def test_a_draft_models_and_a_drafters_weights_and_caches_count_against_the_budget(tmp_path):
+    from test_dflash import published_folder
+
+    target, draft = tiny_target("llama", **KV_HEAVY), tiny_target("llama", seed=1)
+    sched = Scheduler(target, SchedulerConfig(memory=MemoryBudget(256 << 20)))
+    drafted = sched.submit(
+        random_prompt(100), make_config(max_tokens=40, method="draft", draft=draft), Collect()
+    )
+    sched.step()
+    r = drafted.reservation
+    assert r.own_models == (draft.model,) and r.own_bytes == kv_footprint(draft).bytes(r.columns) > 0
+    assert sched.ledger.report.weights == model_bytes(target.model) + model_bytes(draft.model)
+    assert sched.ledger.report.kv_reserved == sched.ledger.need([r]).kv + r.own_bytes
+    run(sched)
+
+    folder = published_folder(tmp_path, target)
+    blocks = sched.submit(random_prompt(100), make_config(max_tokens=40, method="dflash", drafter=str(folder)),
+                          Collect())  # fmt: skip
+    sched.step()
+    r = blocks.reservation
+    (drafter,) = r.own_models
+    cfg, size = drafter.config, drafter.fc.weight.dtype.size
+    per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * size
+    per_token += len(cfg.target_layer_ids) * cfg.hidden_size * size  # the captured target states
+    assert r.own_bytes == r.columns * per_token
+    assert sched.ledger.report.weights == model_bytes(target.model) + model_bytes(drafter)
+    run(sched)
 
 
 @pytest.mark.parametrize("arch, extra", [("llama", KV_HEAVY), ("gemma3_text", {}), ("qwen3_next", {})])
