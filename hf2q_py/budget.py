@@ -384,26 +384,19 @@ class MemoryReport:
 OwnMemory = Callable[[int], tuple[tuple[Any, ...], int]]
 
 
-class MemoryLedger:
-    """The accounting of one scheduler under a :class:`MemoryBudget`: the
-    weights measured, every reservation priced, admissions decided, requests
-    clamped or refused with the numbers. Raises ``Hf2qError`` naming the
-    budget when the model and one request's minimum do not fit."""
+class MemoryPrices:
+    """What one Target's generations cost, from shapes: the weights measured
+    (each model once), a row's caches per KV layout, a reservation, the
+    activations of a step's forwards, and :meth:`need`, all of it for a set
+    of live generations (``prefill_chunk``: the scheduler's)."""
 
-    def __init__(self, target: Any, budget: MemoryBudget, prefill_chunk: int):
-        self.target, self.budget, self.chunk = target, budget, prefill_chunk
-        self.total, self.source = budget.resolve()
+    def __init__(self, target: Any, prefill_chunk: int):
+        self.target, self.chunk = target, prefill_chunk
         self.layers = target.layer_shapes()
         self.shape = ForwardShape.of(target, self.layers)
         self._weights: dict[int, int] = {id(target.model): model_bytes(target.model)}
         self._prices: dict[KVConfig, RowPrice] = {}
-        self._lock = threading.Lock()
-        self.report = MemoryReport(budget=self.total, weights=self._weights[id(target.model)])
-        self.refusals: dict[str, int] = {}
-        self.clamped = self.evictions = 0
-        self.check_model()
 
-    # -- prices -----------------------------------------------------------------
     @staticmethod
     def slack(width: int) -> int:
         """Slot columns a row may hold beyond its tokens: a verify's drafts
@@ -486,6 +479,29 @@ class MemoryLedger:
         cache = getattr(self.target, "prompt_cache", None)
         return cache.nbytes if cache is not None else 0
 
+    def per_token(self, kv: KVConfig, tokens: int = 4096) -> float:
+        """Bytes a reservation takes per token at ``tokens`` (KV of one row)."""
+        return self.row(tokens, kv) / tokens
+
+
+class MemoryLedger(MemoryPrices):
+    """The accounting of one scheduler under a :class:`MemoryBudget`: the
+    prices of :class:`MemoryPrices` held to the budget's total, admissions
+    decided (prompt-cache snapshots evicted to make room), requests clamped
+    or refused with the numbers, the numbers kept for metrics. Raises
+    ``Hf2qError`` naming the budget when the model and one request's
+    minimum do not fit."""
+
+    def __init__(self, target: Any, budget: MemoryBudget, prefill_chunk: int):
+        super().__init__(target, prefill_chunk)
+        self.budget = budget
+        self.total, self.source = budget.resolve()
+        self._lock = threading.Lock()
+        self.report = MemoryReport(budget=self.total, weights=self.weights())
+        self.refusals: dict[str, int] = {}
+        self.clamped = self.evictions = 0
+        self.check_model()
+
     # -- how much fits ------------------------------------------------------------
     def fit(
         self,
@@ -524,10 +540,6 @@ class MemoryLedger:
                 self.clamped += 1
             return fits - prompt
         return max_tokens
-
-    def per_token(self, kv: KVConfig, tokens: int = 4096) -> float:
-        """Bytes a reservation takes per token at ``tokens`` (KV of one row)."""
-        return self.row(tokens, kv) / tokens
 
     def refusal(self, prompt: int, max_tokens: int, fits: int, kv: KVConfig) -> MemoryRefused:
         """The 413 of a prompt that cannot fit (``fits`` tokens would), counted."""
