@@ -39,6 +39,7 @@ _LAZY = {
     "ConstraintSpec": "hf2q_py.constraints",
     "GenerationStats": "hf2q_py.stats",
     "KVConfig": "hf2q_py.kv",
+    "MemoryBudget": "hf2q_py.budget",
     "kv_bytes_per_token": "hf2q_py.kv",
     "kv_footprint": "hf2q_py.kv",
     "Proposer": "hf2q_py.proposers.base",

@@ -28,6 +28,7 @@ from .request import (
     make_config,
 )
 from .sampling import Greedy, TokenLogprob
+from .budget import MemoryBudget
 from .scheduler import Failure, Scheduler, SchedulerConfig
 from .sequence import Sequence as Generation
 from .stats import GenerationStats, Round
@@ -204,6 +205,7 @@ def batch_generate(
     max_batch: int = 8,
     on_round: Callable[[Round], None] | None = None,
     configs: abc.Sequence[GenerationConfig] | None = None,
+    memory_budget: MemoryBudget | None = None,
     **options: Any,
 ) -> list[GenerationResult]:
     """Generate completions of several prompts at once, sharing forwards:
@@ -212,7 +214,10 @@ def batch_generate(
     ``generate`` would return it (greedy tokens equal, but at near-ties).
 
     ``configs``: one ``GenerationConfig`` per prompt instead of the keyword
-    options (which :func:`stream_generate` lists).
+    options (which :func:`stream_generate` lists). ``memory_budget``: a
+    :class:`~hf2q_py.budget.MemoryBudget` the generations keep within
+    (they wait for each other when it is full; a prompt that cannot fit
+    raises ``MemoryRefused``).
     """
     if isinstance(prompts, str) or not isinstance(prompts, abc.Sequence):
         raise Hf2qError("prompts must be a list of prompts (strings or token id lists)")
@@ -226,7 +231,7 @@ def batch_generate(
         configs = [_config(c, {}, {}) for c in configs]
     kvs = {c.kv or target.kv for c in configs}
     kv = kvs.pop() if len(kvs) == 1 else None  # the batch stores as its generations do
-    scheduler = Scheduler(target, SchedulerConfig(max_batch=max_batch, kv=kv))
+    scheduler = Scheduler(target, SchedulerConfig(max_batch=max_batch, kv=kv, memory=memory_budget))
     sinks = []
     for prompt, config in zip(prompts, configs):
         ids = encode_prompt(target, prompt, config.chat_template)

@@ -9,7 +9,8 @@ any ``n`` for full attention, ``n`` inside the kept history for sliding
 windows and exactly all its tokens for recurrent layers (see
 ``LayerState.reaches``). A snapshot is only ever reused by a sequence whose
 caches store keys and values alike (the same :class:`~hf2q_py.kv.KVConfig`).
-Bounded by entries and bytes, least recently used out.
+Bounded by entries and bytes, least recently used out; a scheduler's memory
+budget also evicts by bytes (:meth:`PromptCache.evict`) to admit a request.
 
 With a disk tier (``hf2q_py.disk_cache.DiskCache``) the snapshots it keeps
 are also written to disk, and a lookup that memory cannot serve as far is
@@ -109,16 +110,7 @@ class PromptCache:
         (None, 0) if none does. The disk tier is asked when memory holds no
         prefix as long as it may."""
         self.stats.lookups += 1
-        ids = np.asarray(tokens[:limit], dtype=np.int64)
-        best: tuple[Snapshot | None, int] = (None, 0)
-        for snap, arr in reversed(self._entries.values()):  # most recent first wins ties
-            if snap.kv != kv:
-                continue
-            # a shorter prefix never helps: sliding windows need a long enough one,
-            # recurrent layers exactly theirs, full attention reaches any
-            n = _common_prefix(arr, ids)
-            if n > best[1] and snap.reaches(n):
-                best = (snap, n)
+        best = self.match(tokens, limit, kv)
         if self.disk is not None and best[1] < limit and self.disk.holds(kv):
             snap, n = self.disk.lookup(list(tokens), limit, longer_than=best[1])
             if snap is not None:
@@ -130,6 +122,37 @@ class PromptCache:
             self.stats.hits += 1
             self.stats.reused_tokens += best[1]
         return best
+
+    def match(
+        self, tokens: Sequence[int], limit: int, kv: KVConfig = FULL_PRECISION
+    ) -> tuple[Snapshot | None, int]:
+        """What :meth:`lookup` finds in memory, without counting or reordering
+        anything: the snapshot rebuilding the longest prefix and its length."""
+        ids = np.asarray(tokens[:limit], dtype=np.int64)
+        best: tuple[Snapshot | None, int] = (None, 0)
+        for snap, arr in reversed(self._entries.values()):  # most recent first wins ties
+            if snap.kv != kv:
+                continue
+            # a shorter prefix never helps: sliding windows need a long enough one,
+            # recurrent layers exactly theirs, full attention reaches any
+            n = _common_prefix(arr, ids)
+            if n > best[1] and snap.reaches(n):
+                best = (snap, n)
+        return best
+
+    def evict(self, nbytes: int, keep: Snapshot | None = None) -> int:
+        """Drop snapshots from memory, least recently used first and never
+        ``keep``, until ``nbytes`` are freed or none is left; returns how many
+        were dropped (a memory budget making room)."""
+        freed = dropped = 0
+        for key in [k for k, (snap, _) in self._entries.items() if snap is not keep]:
+            if freed >= nbytes:
+                break
+            freed += self._entries[key][0].nbytes
+            self._drop(key)
+            dropped += 1
+        self.stats.evicted += dropped
+        return dropped
 
     def add(self, snap: Snapshot) -> None:
         """Keep ``snap`` (see :meth:`_keep`) and hand it to the disk tier."""

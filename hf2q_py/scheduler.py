@@ -15,6 +15,14 @@ decodes), when its proposer cannot draft for a batch (``Proposer.batchable``),
 when its KV layout (``GenerationConfig.kv``) differs from the batch's, and
 until it is past the batch's ``quantized_kv_start`` (it joins once it is).
 
+Under a memory budget (``SchedulerConfig.memory``, :mod:`hf2q_py.budget`) a
+waiting generation is admitted only when its reservation fits beside the
+live ones (prompt-cache snapshots evicted to make room); otherwise it and
+every generation behind it wait, in order, for rows to finish. MLX's buffer
+cache is given back every ``clear_cache_every`` steps, and soon after a
+generation ends.
+
+
 Generations may be submitted and cancelled from other threads (the server's
 HTTP side); everything else runs on the thread that calls
 :meth:`Scheduler.step`. A step starts by taking its news (:meth:`Scheduler.news`:
@@ -40,6 +48,7 @@ from typing import Any
 import mlx.core as mx
 
 from .batch.runtime import BatchRuntime, batch_refusal
+from .budget import MemoryBudget, MemoryLedger, Reservation, allocation_failure, arrays_bytes
 from .config import GenerationConfig
 from .distributed import RanksDiverged, agree, token_check
 from .draft_length.batch import BatchCosts, plan_width
@@ -61,6 +70,10 @@ class SchedulerConfig:
     max_batch: int = 8  # generations running at once (batched and alone together)
     prefill_chunk: int = PREFILL_CHUNK  # prompt tokens prefilled per round (between the others' rounds)
     kv: KVConfig | None = None  # how the batch stores keys and values (None: as the Target's kv)
+    memory: MemoryBudget | None = None  # what its generations may hold in all (None: no budget)
+    #: Steps between ``mx.clear_cache()`` calls (MLX's freed buffers given back;
+    #: also at the first step 16 or more steps after the last call once a generation ended); 0: never.
+    clear_cache_every: int = 256
 
     def validate(self) -> None:
         if not isinstance(self.max_batch, int) or self.max_batch < 1:
@@ -71,6 +84,14 @@ class SchedulerConfig:
             if not isinstance(self.kv, KVConfig):
                 raise Hf2qError(f"kv must be a KVConfig, got {type(self.kv).__name__}")
             self.kv.validate()
+        if self.memory is not None:
+            if not isinstance(self.memory, MemoryBudget):
+                raise Hf2qError(f"memory must be a MemoryBudget, got {type(self.memory).__name__}")
+            self.memory.validate()
+        if isinstance(self.clear_cache_every, bool) or not isinstance(self.clear_cache_every, int):
+            raise Hf2qError(f"clear_cache_every must be an integer >= 0, got {self.clear_cache_every!r}")
+        if self.clear_cache_every < 0:
+            raise Hf2qError(f"clear_cache_every must be an integer >= 0, got {self.clear_cache_every!r}")
 
 
 class Sink:
@@ -98,6 +119,7 @@ class Entry:
     #: Token sequences its proposer may copy drafts from (into the Target's memory at admission).
     drafting: list[list[int]] = field(default_factory=list)
     passed_over: int = 0  # rounds another joining prompt was prefilled first
+    reservation: Reservation | None = None  # what it may hold, under a memory budget
     cancelled: bool = False  # asked to stop (any thread)
     halted: bool = False  # the cancellation as a step took it (what the scheduler's decisions read)
 
@@ -155,6 +177,16 @@ class Scheduler:
         self.rounds_by_size: dict[int, int] = {}
         #: Called with each step's news as the step takes it (rank 0 of a sharded target tells the others).
         self.announce: Callable[[News], None] | None = None
+        #: The memory budget's accounting (None: no budget).
+        self.ledger = (
+            MemoryLedger(target, self.config.memory, self.config.prefill_chunk)
+            if self.config.memory
+            else None
+        )
+        self._memory_blocked: Entry | None = None  # the first waiting generation, when it waits for memory
+        self._since_clear = 0  # steps since the last mx.clear_cache()
+        self._last_active = 0  # generations admitted and running after the last admission
+        self._fit_now: tuple[Any, int] = (None, 0)  # what fits beside the live generations, by their set
 
     # -- requests ---------------------------------------------------------------
     def submit(
@@ -178,6 +210,10 @@ class Scheduler:
         with self.lock:
             entry = Entry(next(self._ids), list(ids), config, sink, stats, on_round, seq=sequence,
                           drafting=list(drafting))  # fmt: skip
+            if self.ledger is not None:  # too many wait for memory already: MemoryRefused (429)
+                max_tokens = sequence.max_tokens if sequence is not None else config.max_tokens
+                kv = sequence.kv if sequence is not None else (config.kv or self.target.kv)
+                self.ledger.check_queue(len(entry.ids), max_tokens, kv, self.waiting_for_memory)
             self.incoming.append(entry)
         return entry
 
@@ -186,6 +222,13 @@ class Scheduler:
         """Generations waiting to be admitted, not cancelled."""
         with self.lock:
             return sum(not e.cancelled for e in (*self.incoming, *self.waiting))
+
+    @property
+    def waiting_for_memory(self) -> int:
+        """Generations waiting because the memory budget has no room for the first of them."""
+        with self.lock:
+            waiting = (*self.incoming, *self.waiting)
+            return sum(not e.cancelled for e in waiting) if self._memory_blocked is not None else 0
 
     @property
     def active(self) -> int:
@@ -263,6 +306,8 @@ class Scheduler:
         self._rejoin()
         if len(self.rows) == 1 and not self.joining and not self.waiting:
             self._to_alone(self.rows[0])
+        if self.ledger is not None:
+            self._record()
 
     def run(self) -> None:
         """Step until every submitted generation is finished."""
@@ -270,11 +315,26 @@ class Scheduler:
             self.step()
 
     def _admit(self) -> None:
+        """Admit waiting generations in order while fewer than ``max_batch``
+        run and, under a memory budget, while the first one's reservation
+        fits (after this step's memory upkeep)."""
+        self._upkeep()
+        blocked = False
         while self.active < self.config.max_batch:
             with self.lock:
                 if not self.waiting:
-                    return
-                entry = self.waiting.popleft()
+                    break
+                entry = self.waiting[0]
+            if not entry.halted and self.ledger is not None:
+                try:
+                    blocked = not self._room(entry)
+                except Exception as e:  # noqa: BLE001 - refused (it never fits) or failed: it alone ends
+                    self._pop(entry)
+                    self._fail(entry, e)
+                    continue
+                if blocked:
+                    break
+            self._pop(entry)
             if entry.halted:
                 entry.sink.done(entry.stats)
                 continue
@@ -284,6 +344,84 @@ class Scheduler:
                 self._fail(entry, e)
                 continue
             self.joining.append(entry)
+        self._memory_blocked = entry if blocked else None
+        self._last_active = self.active
+
+    def _pop(self, entry: Entry) -> None:
+        with self.lock:
+            if self.waiting and self.waiting[0] is entry:
+                self.waiting.popleft()
+            elif entry in self.waiting:
+                self.waiting.remove(entry)
+
+    # -- memory -----------------------------------------------------------------
+    def _room(self, entry: Entry) -> bool:
+        """Whether the memory budget has room for ``entry`` beside the live
+        generations now (prompt-cache snapshots evicted to make it, never the
+        one it would reuse). Its ``max_tokens`` is first cut to what fits
+        alone; one that cannot fit even alone is refused (``MemoryRefused``)."""
+        if entry.seq is None:
+            entry.seq = make_sequence(self.target, entry.ids, entry.config, entry.stats, entry.on_round)
+        seq, ledger = entry.seq, self.ledger
+        if entry.reservation is None:
+            width, own, n = seq.policy.k_max + 1, seq.proposer.own_memory, len(seq.prompt)
+            seq.max_tokens = ledger.clamp(n, seq.max_tokens, seq.kv, width, own)
+            entry.reservation = ledger.reserve(n, seq.max_tokens, seq.kv, width, own)
+        live, columns = self._reservations(), self._columns()
+        if ledger.make_room([*live, entry.reservation], columns, keep=self._reusable(seq)):
+            return True
+        if live:
+            return False
+        if ledger.make_room([entry.reservation], columns):  # alone: even the state it would reuse goes
+            return True
+        r = entry.reservation
+        raise ledger.refusal(r.prompt, r.max_tokens, 0, r.kv)
+
+    def _reusable(self, seq: Sequence) -> Any:
+        """The prompt-cache snapshot ``seq`` would start from, if any."""
+        cache = self.target.prompt_cache
+        if cache is None or seq.proposer.capture_layers:
+            return None
+        return cache.match(seq.prompt, len(seq.prompt) - 1, seq.kv)[0]
+
+    def _reservations(self) -> list[Reservation]:
+        live = (*self.joining, *self.rows, *self.alone)
+        return [e.reservation for e in live if e.reservation is not None]
+
+    def _columns(self) -> int:
+        """The batch's full-attention slot columns now (a row that left leaves them until they pack)."""
+        tables = self._batch.tables.values() if self._batch is not None else ()
+        return max((t.capacity for t in tables if t.window is None and t.rows), default=0)
+
+    def _upkeep(self) -> None:
+        """Each step: MLX's freed buffers given back every ``clear_cache_every``
+        steps (after a generation ended, once 16 steps passed); under a
+        budget, prompt-cache snapshots evicted while it is exceeded."""
+        self._since_clear += 1
+        every = self.config.clear_cache_every
+        ended = self.active < self._last_active
+        if every and (self._since_clear >= every or (ended and self._since_clear >= min(every, 16))):
+            mx.clear_cache()
+            self._since_clear = 0
+        if self.ledger is not None:
+            self.ledger.make_room(self._reservations(), self._columns(), partly=True)
+
+    def _record(self) -> None:
+        """The budget's numbers at the end of a step, for metrics (what
+        would fit beside the live generations: again only when they changed)."""
+        live, columns = self._reservations(), self._columns()
+        fit, head = 0, self._memory_blocked
+        if head is not None and head.reservation is not None:
+            r = head.reservation
+            key = (tuple(id(x) for x in live), columns, id(r))
+            if self._fit_now[0] != key:
+                self._fit_now = (key, self.ledger.fit(r.prompt, r.kv, live, columns, r.width))
+            fit = self._fit_now[1]
+        trees = [e.seq.rt.state() for e in (*self.joining, *self.alone) if hasattr(e.seq.rt, "state")]
+        if self._batch is not None and self.rows:
+            trees.append(self._batch.state())
+        waiting = self.waiting_for_memory
+        self.ledger.record(live, columns, arrays_bytes(trees), waiting, fit)
 
     def _start(self, entry: Entry) -> None:
         """An admitted generation's sequence, chunker, drafting sources and runtime."""
@@ -560,7 +698,14 @@ class Scheduler:
         entry.sink.done(entry.stats)
 
     def _fail(self, entry: Entry, error: Exception) -> None:
-        if not isinstance(error, Hf2qError):
+        memory = allocation_failure(error)
+        if memory is not None:  # MLX could not allocate: its buffer cache goes back, the others go on
+            log.error("generation failed: out of memory: %s", one_line(error))
+            mx.clear_cache()
+            if self.ledger is not None:
+                self.ledger.count("allocation_failed")
+            error = memory
+        elif not isinstance(error, Hf2qError):
             log.error("generation failed: %s", one_line(error), exc_info=error)
         elif isinstance(error, RanksDiverged):
             log.error("generation failed: %s", one_line(error))

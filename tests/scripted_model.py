@@ -101,6 +101,23 @@ def write_scripted_folder(
     return folder
 
 
+def write_cycling_folder(folder: Path, context: int = 4096) -> Path:
+    """An mlx-lm folder whose greedy answer to any prompt is the printable
+    ASCII characters in a cycle, never ending: it runs until ``max_tokens``
+    (or the context) ends it, a long request on demand."""
+    vocab = SPECIALS + CHARS
+    index = {t: i for i, t in enumerate(vocab)}
+    printable = CHARS[:-1]
+    successor = {index[t]: index[EOS] for t in vocab}
+    for a, b in zip(printable, printable[1:] + printable[:1]):
+        successor[index[a]] = index[b]
+    successor[index["\n"]] = index[printable[0]]  # the generation prompt's end starts the cycle
+    folder.mkdir(parents=True, exist_ok=True)
+    _write_model(folder, (len(vocab) + 31) // 32 * 32, successor, index[EOS], context)
+    _write_tokenizer(folder, vocab, PLAIN_TEMPLATE)
+    return folder
+
+
 def _write_model(
     folder: Path,
     vocab_size: int,

@@ -91,6 +91,13 @@ class Proposer:
     #: cost, minimum K): the draft-length policy is made from it.
     profile = DraftProfile()
 
+    def own_memory(self, tokens: int) -> tuple[tuple[Any, ...], int]:
+        """The models it drafts with besides the target (whose weights a
+        memory budget counts once) and the bytes its own caches may take
+        for a context of ``tokens``; none for proposers that draft on the host
+        or on the target's cache."""
+        return (), 0
+
     @property
     def active(self) -> bool:
         """False once the proposer has decided not to draft at all (the

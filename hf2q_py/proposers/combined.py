@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from ..draft_length.profile import DraftProfile
 
@@ -53,6 +54,9 @@ class CombinedProposer(Proposer):
     @property
     def lazy_drafts(self) -> bool:
         return self.model.lazy_drafts
+
+    def own_memory(self, tokens: int) -> tuple[tuple[Any, ...], int]:
+        return self.model.own_memory(tokens)
 
     def start(self, runtime, prompt: Sequence[int], hidden, decider) -> None:
         self.copier.start(runtime, prompt, hidden, decider)

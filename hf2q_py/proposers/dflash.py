@@ -59,6 +59,15 @@ class DFlashProposer(Proposer):
         self.cache = drafter.make_cache()
         self.pending: list[mx.array] = []
 
+    def own_memory(self, tokens: int) -> tuple[tuple[Any, ...], int]:
+        """The drafter, its cache for ``tokens`` positions, and the target's
+        captured states of as many positions (a prompt's wait for the first draft)."""
+        cfg = self.cfg
+        size = self.drafter.fc.weight.dtype.size
+        cache = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * size
+        captured = len(self.capture_layers) * cfg.hidden_size * size
+        return (self.drafter,), tokens * (cache + captured)
+
     def _add(self, hidden: dict[int, mx.array], rows: int | None = None) -> None:
         if not hidden:
             return

@@ -5,12 +5,14 @@ committed tokens by trimming after each round."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ..draft_length.profile import DraftProfile
 from ..errors import Hf2qError
+from ..kv import kv_footprint
 from ..target import PREFILL_CHUNK, Target
 from .base import Draft, Proposer
 
@@ -114,6 +116,10 @@ class DraftModelProposer(Proposer):
             prior_slope=DRAFT_PRIOR_SLOPE,
             longer_margin=0.0,
         )
+
+    def own_memory(self, tokens: int) -> tuple[tuple[Any, ...], int]:
+        """The draft model, and its caches for ``tokens`` positions."""
+        return (self.draft.model,), kv_footprint(self.draft).bytes(tokens)
 
     def start(self, runtime, prompt: Sequence[int], hidden, decider) -> None:
         self.decider = decider

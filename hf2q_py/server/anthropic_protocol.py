@@ -35,7 +35,8 @@ TOOL_NAME = r"^[a-zA-Z0-9_-]{1,128}$"
 #: Anthropic's error ``type`` by HTTP status (503: this server is busy or stopping).
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
-               429: "rate_limit_error", 500: "api_error", 503: "overloaded_error", 529: "overloaded_error"}  # fmt: skip
+               429: "rate_limit_error", 500: "api_error", 503: "overloaded_error", 507: "api_error",
+               529: "overloaded_error"}  # fmt: skip
 STOP_REASONS = {
     "stop": "end_turn",
     "stop_sequence": "stop_sequence",

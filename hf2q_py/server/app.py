@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
+from ..budget import MemoryBudget
 from ..errors import one_line
 from . import anthropic_api, openai_api, responses_api
 from .anthropic_protocol import CountRequest, MessagesRequest
@@ -53,6 +54,7 @@ class ServerConfig:
     max_queue: int = 16
     max_batch: int = 8
     temperature: float = 0.0
+    memory: MemoryBudget | None = None  # what the server may hold in all (None: no budget)
 
     def engine(self) -> EngineConfig:
         return EngineConfig(self.method, dict(self.method_options), dict(self.models), self.max_tokens,
@@ -68,7 +70,12 @@ def error_response(path: str, f: Failed) -> JSONResponse:
 
 def create_app(worker: Worker, config: ServerConfig) -> Any:
     """The ASGI application: the routes inside :class:`Guard`."""
-    metrics = Metrics(lambda: worker.target.prompt_cache, lambda: worker.waiting, lambda: worker.batch_rounds)
+    metrics = Metrics(
+        lambda: worker.target.prompt_cache,
+        lambda: worker.waiting,
+        lambda: worker.batch_rounds,
+        lambda: worker.scheduler.ledger,
+    )
     engine = Engine(worker, config.engine(), metrics)
     store = responses_api.ResponseStore()
     app = FastAPI(title="hf2q-py", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)

@@ -18,6 +18,7 @@ from typing import Any
 
 from fastapi import Request
 
+from ..budget import MemoryRefused
 from ..config import GenerationConfig
 from ..constraints import ConstraintSpec, special_tokens
 from ..errors import Hf2qError, one_line
@@ -104,6 +105,9 @@ class Engine:
                 constraint=self._constraint(conv, use), logprobs=conv.logprobs,
                 **sampling,
             )  # fmt: skip
+            config.max_tokens = self._fitted(len(ids), config)
+        except MemoryRefused as e:
+            raise ApiError(e.status, one_line(e, limit=1000), e.code) from None
         except Hf2qError as e:
             raise ApiError(400, one_line(e, limit=1000)) from None
         return Prepared(conv, ids, use, config, label, self._quoted(conv, use), arrival)
@@ -113,6 +117,15 @@ class Engine:
         calls where freeform inputs have grammars (:func:`answer_constraint`)."""
         special = lambda texts: special_tokens(self.target, texts)  # noqa: E731
         return answer_constraint(use, conv.freeform, conv.constraint, special)
+
+    def _fitted(self, prompt_tokens: int, config: GenerationConfig) -> int:
+        """``max_tokens`` cut to what the memory budget holds for one request
+        alone (a prompt that cannot fit: ``MemoryRefused``, 413); the
+        scheduler cuts it again, if need be, for the method's draft width."""
+        ledger = self.worker.scheduler.ledger
+        if ledger is None:
+            return config.max_tokens
+        return ledger.clamp(prompt_tokens, config.max_tokens, config.kv or self.target.kv)
 
     def count(self, conv: Conversation) -> int:
         """The prompt tokens ``conv`` makes (as its generation would count them)."""
@@ -196,12 +209,15 @@ class Engine:
 
     # -- running ---------------------------------------------------------------
     def submit(self, prep: Prepared, loop: asyncio.AbstractEventLoop) -> Job:
-        """The job, queued for the worker; ApiError 503 when the queue is full."""
+        """The job, queued for the worker; ApiError 503 when the queue is
+        full, 429 when too many requests wait for memory."""
         job = Job(prep.ids, prep.config, loop, drafting=prep.drafting)
         try:
             self.worker.submit(job)
         except Busy as e:
             raise ApiError(503, str(e), "server_busy") from None
+        except MemoryRefused as e:
+            raise ApiError(e.status, one_line(e, limit=1000), e.code) from None
         return job
 
     async def answer(

@@ -68,7 +68,11 @@ def serve(
     sock = sock or bind(host, port)
     sharding = getattr(target, "sharding", None)
     relay = Relay(sharding) if sharding is not None else None
-    worker = Worker(target, config.max_queue, relay, SchedulerConfig(max_batch=config.max_batch))
+    worker = Worker(
+        target, config.max_queue, relay, SchedulerConfig(max_batch=config.max_batch, memory=config.memory)
+    )
+    if worker.scheduler.ledger is not None:
+        worker.scheduler.ledger.limit_mlx()
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(worker, config),

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+import mlx.core as mx
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..budget import MemoryLedger
 from ..disk_writer import DiskStats
 from ..prompt_cache import PromptCache
 from ..stats import GenerationStats
@@ -73,6 +75,42 @@ class _BatchCollector(Collector):
         yield family
 
 
+class _MemoryCollector(Collector):
+    """Reads the memory budget's numbers (the scheduler's last step) and
+    MLX's allocator at each scrape."""
+
+    def __init__(self, ledger: Callable[[], MemoryLedger | None]):
+        self.ledger = ledger
+
+    def collect(self) -> Iterator[Metric]:
+        mlx = GaugeMetricFamily("hf2q_mlx_memory_bytes", "MLX's allocator: active, peak and cached buffers",
+                                labels=["kind"])  # fmt: skip
+        for kind, value in (("active", mx.get_active_memory()), ("peak", mx.get_peak_memory()),
+                            ("cache", mx.get_cache_memory())):  # fmt: skip
+            mlx.add_metric([kind], value)
+        yield mlx
+        ledger = self.ledger()
+        if ledger is None:
+            return
+        r = ledger.report
+        yield GaugeMetricFamily("hf2q_memory_budget_bytes", "what the server may hold in all", value=r.budget)
+        held = GaugeMetricFamily("hf2q_memory_bytes", "bytes held or reserved, by kind", labels=["kind"])
+        for kind, value in (("weights", r.weights), ("kv_reserved", r.kv_reserved), ("kv_in_use", r.kv_in_use),
+                            ("prompt_cache", r.prompt_cache), ("activations_reserved", r.transient)):  # fmt: skip
+            held.add_metric([kind], value)
+        yield held
+        yield GaugeMetricFamily("hf2q_memory_waiting", "requests waiting for memory", value=r.waiting)
+        refused = CounterMetricFamily("hf2q_memory_refusals", "requests refused by the memory budget, by reason",
+                                      labels=["reason"])  # fmt: skip
+        for reason in ("prompt_too_long", "queue_full", "allocation_failed"):
+            refused.add_metric([reason], r.refusals.get(reason, 0))
+        yield refused
+        yield CounterMetricFamily("hf2q_memory_clamped", "requests whose max_tokens was cut to what fits",
+                                  value=r.clamped)  # fmt: skip
+        yield CounterMetricFamily("hf2q_memory_evictions", "prompt-cache snapshots evicted to make room",
+                                  value=r.evictions)  # fmt: skip
+
+
 class Metrics:
     """Counters and histograms of one server."""
 
@@ -81,6 +119,7 @@ class Metrics:
         prompt_cache: Callable[[], PromptCache | None],
         queue_depth: Callable[[], int],
         batch_rounds: Callable[[], dict[int, int]] = dict,
+        ledger: Callable[[], MemoryLedger | None] = lambda: None,
     ):
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
@@ -112,6 +151,7 @@ class Metrics:
         self.queue.set_function(queue_depth)
         r.register(_PromptCacheCollector(prompt_cache))
         r.register(_BatchCollector(batch_rounds))
+        r.register(_MemoryCollector(ledger))
 
     def request(self, path: str, status: int) -> None:
         self.requests.labels(path if path in ENDPOINTS else "other", str(status)).inc()

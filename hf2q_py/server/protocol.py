@@ -365,8 +365,8 @@ def new_id(prefix: str) -> str:
 #: OpenAI's error ``type`` by HTTP status.
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                405: "invalid_request_error", 413: "invalid_request_error", 426: "invalid_request_error",
-               499: "invalid_request_error",
-               500: "server_error", 503: "server_error"}  # fmt: skip
+               429: "rate_limit_error", 499: "invalid_request_error",
+               500: "server_error", 503: "server_error", 507: "server_error"}  # fmt: skip
 
 
 def error_body(message: str, kind: str, code: str | None = None, param: str | None = None) -> dict:

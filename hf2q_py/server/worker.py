@@ -22,6 +22,7 @@ import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from ..budget import MemoryExhausted, MemoryRefused
 from ..config import GenerationConfig
 from ..distributed import RanksDiverged
 from ..errors import Hf2qError, one_line
@@ -124,6 +125,8 @@ class JobSink:
     def done(self, stats: GenerationStats, error: Hf2qError | None = None) -> None:
         if error is None:
             self.job.emit(Finished(stats, cancelled=self.job.cancelled))
+        elif isinstance(error, (MemoryRefused, MemoryExhausted)):  # the budget's 413/429, a failed allocation
+            self.job.emit(Failed(error.status, one_line(error, limit=1000), error.code))
         elif isinstance(error, (Failure, RanksDiverged)):  # not the request's fault
             self.job.emit(
                 Failed(500, "the generation failed on the server (see the server's log)", "server_error")

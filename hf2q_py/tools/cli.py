@@ -605,6 +605,16 @@ def _byte_size(text: str) -> int:
     return int(value)
 
 
+def _memory_size(text: str) -> int:
+    """A memory budget: 12GB, 12GiB, 640MB or bytes (``hf2q_py.budget.parse_size``)."""
+    from hf2q_py.budget import parse_size
+
+    try:
+        return parse_size(text, "size")
+    except Hf2qError as e:
+        raise argparse.ArgumentTypeError(one_line(e).removeprefix("size: ")) from None
+
+
 def _port(text: str) -> int:
     try:
         value = int(text)
@@ -693,6 +703,20 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     s.add_argument(
         "--no-disk-cache", action="store_true", help="keep the prompt cache in memory only (lost at exit)"
+    )
+    s.add_argument(
+        "--memory-budget",
+        type=_memory_size,
+        default=None,
+        help="what the server may hold in all: weights, every request's KV, the prompt cache, activations "
+        "(12GB, 12GiB, 640MB or bytes; default: the device's recommended working set, on a CPU 80%% of "
+        "physical memory, less 10%%)",
+    )
+    s.add_argument(
+        "--memory-queue",
+        type=_nonnegative_int,
+        default=8,
+        help="requests that may wait for memory; more get 429 (default 8)",
     )
     s.add_argument("--access-log", action="store_true", help="log one line per HTTP request")
 
@@ -1199,12 +1223,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         max_batch=args.max_batch,
         temperature=args.temp,
+        memory=serving_budget(args, target),
     )
 
     def announce(url: str) -> None:
         print(f"hf2q-py serve: {name} ({spec.label}) at {url}/v1", flush=True)
 
     return serve(target, config, sock=sock, access_log=args.access_log, announce=announce)
+
+
+def serving_budget(args, target):
+    """The server's memory budget; none for a sharded target, whose ranks
+    would otherwise admit requests by budgets of their own shards."""
+    from hf2q_py.budget import MemoryBudget
+
+    if target.sharding is not None:
+        return None
+    return MemoryBudget(args.memory_budget, max_waiting=args.memory_queue, name="--memory-budget")
 
 
 def kv_note(target) -> str:
