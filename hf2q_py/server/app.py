@@ -77,9 +77,17 @@ def create_app(worker: Worker, config: ServerConfig) -> Any:
         lambda: worker.scheduler.ledger,
     )
     engine = Engine(worker, config.engine(), metrics)
-    store = responses_api.ResponseStore()
     app = FastAPI(title="hf2q-py", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
-    name = config.model_name
+    _api_routes(app, engine, config.model_name)
+    _service_routes(app, engine, metrics, config.model_name)
+    _error_handlers(app)
+    app.state.metrics, app.state.engine = metrics, engine
+    return Guard(app, config.max_body_bytes, config.api_key, metrics)
+
+
+def _api_routes(app: FastAPI, engine: Engine, name: str) -> None:
+    """The generation APIs: OpenAI's chat and text completions and Responses, Anthropic's Messages."""
+    store = responses_api.ResponseStore()
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
@@ -93,6 +101,10 @@ def create_app(worker: Worker, config: ServerConfig) -> Any:
     async def messages(body: MessagesRequest, request: Request) -> Response:
         return await anthropic_api.messages(engine, name, body, request)
 
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(body: CountRequest) -> Response:
+        return await anthropic_api.count_tokens(engine, body)
+
     @app.post("/v1/responses")
     async def responses(body: ResponsesRequest, request: Request) -> Response:
         return await responses_api.responses(engine, store, name, body, request)
@@ -104,9 +116,9 @@ def create_app(worker: Worker, config: ServerConfig) -> Any:
             return openai_api.error_response(Failed(404, f"no stored response with id {response_id!r}"))
         return JSONResponse(body)
 
-    @app.post("/v1/messages/count_tokens")
-    async def count_tokens(body: CountRequest) -> Response:
-        return await anthropic_api.count_tokens(engine, body)
+
+def _service_routes(app: FastAPI, engine: Engine, metrics: Metrics, name: str) -> None:
+    """The model list, the health check and the Prometheus metrics."""
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -131,6 +143,10 @@ def create_app(worker: Worker, config: ServerConfig) -> Any:
     async def metrics_text() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+
+def _error_handlers(app: FastAPI) -> None:
+    """Every error as a 4xx or 5xx in the envelope of the path's API, never a traceback."""
+
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(request.url.path, Failed(400, _validation_message(exc)))
@@ -147,9 +163,6 @@ def create_app(worker: Worker, config: ServerConfig) -> Any:
         return error_response(
             request.url.path, Failed(500, "the server failed on this request (see the server's log)")
         )
-
-    app.state.metrics, app.state.engine = metrics, engine
-    return Guard(app, config.max_body_bytes, config.api_key, metrics)
 
 
 def _validation_message(exc: RequestValidationError) -> str:

@@ -82,6 +82,23 @@ def serve(
             timeout_graceful_shutdown=GRACE_SECONDS,
         )
     )
+    try:
+        _run(server, worker, sock, host, announce)
+    finally:
+        if relay is not None:
+            relay.stop()
+        sock.close()
+    return 0
+
+
+def _run(
+    server: uvicorn.Server,
+    worker: Worker,
+    sock: socket.socket,
+    host: str,
+    announce: Callable[[str], None] | None,
+) -> None:
+    """HTTP on a thread of its own, the worker here until a signal stops both."""
 
     def http() -> None:
         try:
@@ -110,12 +127,8 @@ def serve(
         worker.run()
         thread.join(GRACE_SECONDS + 5)
     finally:
-        if relay is not None:
-            relay.stop()
         for s, handler in previous.items():
             signal.signal(s, handler)
-        sock.close()
-    return 0
 
 
 def follow(target: Target, models: dict[str, Any], scheduling: SchedulerConfig) -> int:

@@ -626,12 +626,21 @@ def _port(text: str) -> int:
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
-    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat and text completions)")
+    s = sub.add_parser(
+        "serve", help="an HTTP server: OpenAI's chat/text completions and Responses, Anthropic's Messages"
+    )
     add_model_args(s)
     s.add_argument(
         "--method", default="ngram", help=f"the default method: {METHOD_SPEC_HELP} (default: ngram)"
     )
     add_method_flags(s)
+    _add_serve_limits(s)
+    _add_serve_memory(s)
+    s.add_argument("--access-log", action="store_true", help="log one line per HTTP request")
+
+
+def _add_serve_limits(s: argparse.ArgumentParser) -> None:
+    """Where serve listens, its key, and what one request may ask."""
     s.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)"
     )
@@ -676,6 +685,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--temp", type=float, default=0.0, help="temperature when a request gives none (default 0: greedy)"
     )
+
+
+def _add_serve_memory(s: argparse.ArgumentParser) -> None:
+    """serve's prompt cache (memory and disk) and its memory budget."""
     s.add_argument(
         "--prompt-cache-entries",
         type=_positive_int,
@@ -718,7 +731,6 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
         default=8,
         help="requests that may wait for memory; more get 429 (default 8)",
     )
-    s.add_argument("--access-log", action="store_true", help="log one line per HTTP request")
 
 
 def cmd_train_dflash(args: argparse.Namespace) -> int:
@@ -1065,7 +1077,7 @@ def ab_cases(args: argparse.Namespace, target, prompts: list[str], references: l
 
 
 def cmd_ab(args: argparse.Namespace) -> int:
-    from hf2q_py.tools.ab import kv_summary, kv_table, record_lines, run_ab, summary, table
+    from hf2q_py.tools.ab import record_lines, run_ab
     from hf2q_py.tools.ab_reference import write_references
     from hf2q_py.generation import make_config
     from hf2q_py.loaders import check_source
@@ -1108,6 +1120,14 @@ def cmd_ab(args: argparse.Namespace) -> int:
         log(f"recorded {len(cases)} case(s) to {args.record}")
     if not report.results:
         return 0  # recording only
+    print_ab_report(args, report)
+    return 1 if report.count("MISMATCH") else 0
+
+
+def print_ab_report(args: argparse.Namespace, report) -> None:
+    """The A/B report: its table and summary (and the quantized KV's effects), as text or JSON."""
+    from hf2q_py.tools.ab import kv_summary, kv_table, summary, table
+
     text, line = table(report.results), summary(report)
     if report.kv_effects:
         text += "\n\n" + kv_table(report.kv_effects)
@@ -1124,7 +1144,6 @@ def cmd_ab(args: argparse.Namespace) -> int:
         print(line)
     if args.markdown:
         write_text(args.markdown, text + "\n\n" + line + "\n", "--markdown file")
-    return 1 if report.count("MISMATCH") else 0
 
 
 def serve_method(args: argparse.Namespace):
@@ -1169,15 +1188,12 @@ def disk_cache_dir(args: argparse.Namespace):
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from hf2q_py.distributed import launched_group
     from hf2q_py.generation import make_config
     from hf2q_py.loaders import check_source
     from hf2q_py.loaders.convert import parse_dtype
-    from hf2q_py.loaders.hub import display_name
     from hf2q_py.method_spec import MethodSpec
-    from hf2q_py.disk_cache import DiskCache
-    from hf2q_py.prompt_cache import PromptCache
     from hf2q_py.scheduler import SchedulerConfig
-    from hf2q_py.server import ServerConfig, serve
     from hf2q_py.server.main import bind, follow
     from hf2q_py.validate import check_float
 
@@ -1190,8 +1206,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_source(args.model, offline=args.offline)
     served = MethodSpec("served", {"method": "draft", **files})
     check_sources([spec, served], args.offline)
-    from hf2q_py.distributed import launched_group
-
     if launched_group() is not None and args.shard == "none":
         raise Hf2qError("serve --shard none under mlx.launch would load the model on every rank for one server: "
                         "run serve without mlx.launch, or shard the model")  # fmt: skip
@@ -1203,13 +1217,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for option in ("draft", "drafter"):
         if option in spec.options:
             spec.options[option] = served.options[option]
-    if not args.no_prompt_cache:
-        disk = None
-        if disk_dir is not None and target.sharding is None:
-            disk = DiskCache(target, disk_dir, args.prompt_cache_disk_bytes)
-        target.prompt_cache = PromptCache(args.prompt_cache_entries, args.prompt_cache_bytes, disk)
+    attach_prompt_cache(args, target, disk_dir)
     if follower:
         return follow(target, served.options, SchedulerConfig(max_batch=args.max_batch))
+    return start_server(args, target, spec, served, key, sock)
+
+
+def attach_prompt_cache(args: argparse.Namespace, target, disk_dir) -> None:
+    """serve's prompt cache: in memory, with a disk tier unless the target is sharded or it is off."""
+    from hf2q_py.disk_cache import DiskCache
+    from hf2q_py.prompt_cache import PromptCache
+
+    if args.no_prompt_cache:
+        return
+    disk = None
+    if disk_dir is not None and target.sharding is None:
+        disk = DiskCache(target, disk_dir, args.prompt_cache_disk_bytes)
+    target.prompt_cache = PromptCache(args.prompt_cache_entries, args.prompt_cache_bytes, disk)
+
+
+def start_server(args: argparse.Namespace, target, spec, served, key: str | None, sock) -> int:
+    """Rank 0 (or the one process): the HTTP server over the loaded target."""
+    from hf2q_py.loaders.hub import display_name
+    from hf2q_py.server import ServerConfig, serve
+
     name = args.served_model_name or display_name(args.model)
     config = ServerConfig(
         model_name=name,
