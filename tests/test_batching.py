@@ -5,7 +5,7 @@ whenever it joined; rollback per row on every cache kind; one read a round."""
 from __future__ import annotations
 
 import pytest
-from helpers import UNGATED, assert_same_greedy
+from helpers import assert_same_greedy
 from models import random_prompt, tiny_target
 from test_engine import loopy_prompt
 
@@ -153,10 +153,9 @@ def test_a_short_prompt_starts_before_a_long_one_ahead_of_it_and_none_waits_for_
 
 def test_a_method_that_cannot_share_a_forward_runs_alone_beside_the_batch():
     target = tiny_target("llama", scale=2.0)
-    draft = tiny_target("llama", seed=1, scale=2.0)
     scheduler = Scheduler(target, SchedulerConfig(max_batch=4))
     jobs = [
-        (PROMPTS[0], dict(method="draft", draft=draft, k=3, **UNGATED)),
+        (PROMPTS[0], dict(method="layerskip", skip_layers=[1, 2], k=3, adaptive=False)),
         (PROMPTS[1], REJECTING),
         (PROMPTS[2], dict(method="baseline")),
     ]
@@ -165,7 +164,7 @@ def test_a_method_that_cannot_share_a_forward_runs_alone_beside_the_batch():
     for (prompt, options), sink in zip(jobs, sinks):
         want = hf2q_py.generate(target, prompt, max_tokens=30, **options).tokens
         assert_same_greedy(target.model, prompt, sink.tokens, want)
-    assert max(scheduler.rounds_by_size) == 2  # the draft-model row was never in the batch
+    assert max(scheduler.rounds_by_size) == 2  # the layer-skip row was never in the batch
 
 
 def test_a_cancelled_row_stops_between_rounds_and_the_others_go_on():

@@ -11,6 +11,8 @@ from ..draft_length.profile import DraftProfile
 if TYPE_CHECKING:
     import mlx.core as mx
 
+    from ..draft_length.batch import BatchCosts, Offer, Pricing
+
 
 @dataclass
 class Draft:
@@ -135,12 +137,15 @@ class PlainDecoding(Proposer):
 
 @dataclass
 class DraftAsk:
-    """One row's request to a ``BatchDrafter``: up to ``k`` drafts after ``tokens``."""
+    """One row's request to a ``BatchDrafter``: up to ``k`` drafts after
+    ``tokens``; ``offer``: those ``k`` drafts as the batch's planner prices
+    them (its policy's survival for the row's draft key)."""
 
     row: Hashable
     proposer: Proposer
     tokens: Sequence[int]
     k: int
+    offer: Offer | None = None
 
 
 class BatchDrafter(Protocol):
@@ -156,6 +161,13 @@ class BatchDrafter(Protocol):
         """A row leaves the batch: its proposer can draft alone again (or finish)."""
         ...
 
-    def propose(self, asks: Sequence[DraftAsk]) -> list[Draft]:
-        """Each ask's drafts (lazy arrays or ids), made together."""
+    def propose(self, asks: Sequence[DraftAsk], pricing: Pricing | None = None) -> list[Draft]:
+        """Each ask's drafts (lazy arrays or ids), made together; with
+        ``pricing`` (the batch's costs and its other rows' offers), as many
+        steps as pay for the whole round (``draft_length.batch.plan_steps``)."""
+        ...
+
+    def unread_seconds(self, costs: BatchCosts) -> float:
+        """What the forwards its last ``propose`` queued without reading cost
+        (they compute within the round's verify; in ``costs``' units)."""
         ...
