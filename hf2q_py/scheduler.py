@@ -338,15 +338,25 @@ class Scheduler:
             self._reset(e)
             return
         seconds = time.perf_counter() - t0
-        # draft forwards left unread compute within the verify's read: not the verify's cost
-        unread = sum(d.unread_seconds(self.costs) for d in drafters)
-        forward = max(seconds - unread, UNREAD_FLOOR * seconds)
-        self.costs.update(len(turns) * (max(len(t.draft) for _, t in turns) + 1), forward)
+        positions = len(turns) * (max(len(t.draft) for _, t in turns) + 1)
+        self.costs.update(positions, self._verify_share(positions, seconds, drafters))
         self.rounds_by_size[len(turns)] = self.rounds_by_size.get(len(turns), 0) + 1
         results = [e.seq.resolve(t, parts) for (e, t), parts in zip(turns, host)]
         self.batch.settle()
         for (e, t), result in zip(turns, results):
             self._emit(e, e.seq.record, t, result, seconds=seconds)
+
+    def _verify_share(self, positions: int, seconds: float, drafters: list[BatchDrafter]) -> float:
+        """The seconds of a round's verify forward: draft forwards the batch
+        drafters left unread computed within its read, at their estimated cost
+        (in proportion to the verify's until the batch's costs are measured)."""
+        unread = sum(d.unread_seconds(self.costs) for d in drafters)
+        if not unread:
+            return seconds
+        if not self.costs.measured:  # relative units
+            verify = self.costs.cost(positions)
+            return seconds * verify / (verify + unread)
+        return max(seconds - unread, UNREAD_FLOOR * seconds)
 
     def _turns(self, entries: list[Entry]) -> tuple[list[tuple[Entry, Turn]], list[BatchDrafter]]:
         """Each row's turn of the round: asked, drafted and checked (on the

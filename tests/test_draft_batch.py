@@ -312,3 +312,54 @@ def test_two_draft_models_in_one_batch_each_have_their_own_drafter():
         seen = max(seen, len(scheduler._drafters))
     assert seen == 2
     assert_each_equals_solo(target, jobs, sinks, max_tokens=40)
+
+
+# -- the server ---------------------------------------------------------------------
+def batch_rounds(server) -> dict[int, float]:
+    """The server's batched forwards by batch size (from /metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    raw = server.raw("GET", "/metrics")[2].decode()
+    return {
+        int(s.labels["size"]): s.value
+        for f in text_string_to_metric_families(raw)
+        for s in f.samples
+        if s.name == "hf2q_batch_rounds_total"
+    }
+
+
+@pytest.mark.slow
+def test_four_concurrent_clients_of_a_draft_model_server_each_get_their_answer_alone(tmp_path):
+    import threading
+
+    import openai
+    from gguf_export import export
+    from server_process import running_server
+
+    export(tmp_path / "target.gguf", "llama", seed=4)
+    export(tmp_path / "draft.gguf", "llama", seed=5)  # another random model: drafts mostly rejected
+    prompts = ["def add(a, b):", "The quick brown fox", "Once upon a time", "import numpy as np"]
+    flags = ("--model", str(tmp_path / "target.gguf"), "--draft-model", str(tmp_path / "draft.gguf"))
+    with running_server(*flags, "--method", "draft", "--max-batch", "4", "--no-prompt-cache") as server:
+        client = openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, timeout=300)
+        model = client.models.list().data[0].id
+
+        def complete(prompt: str) -> tuple[list[int], dict]:
+            r = client.completions.create(
+                model=model, prompt=prompt, max_tokens=40, temperature=0,
+                extra_body={"hf2q": {"return_tokens": True}},
+            )  # fmt: skip
+            return r.model_extra["hf2q"]["tokens"], r.model_extra["hf2q"]
+
+        alone = {p: complete(p)[0] for p in prompts}
+        before = batch_rounds(server)
+        got: dict[str, tuple[list[int], dict]] = {}
+        threads = [threading.Thread(target=lambda p=p: got.__setitem__(p, complete(p))) for p in prompts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        after = batch_rounds(server)
+    assert {p: got[p][0] for p in prompts} == alone
+    assert all(spec["method"].startswith("draft") and spec["drafted"] > 0 for _, spec in got.values())
+    assert sum(n - before.get(size, 0) for size, n in after.items() if size > 2) > 0, "no shared forwards"

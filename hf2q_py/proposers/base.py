@@ -168,6 +168,7 @@ class BatchDrafter(Protocol):
         ...
 
     def unread_seconds(self, costs: BatchCosts) -> float:
-        """What the forwards its last ``propose`` queued without reading cost
-        (they compute within the round's verify; in ``costs``' units)."""
+        """What the forwards its last ``propose`` queued without reading still
+        cost when it returned (they compute within the round's verify; in
+        ``costs``' units)."""
         ...

@@ -134,7 +134,9 @@ class DraftBatch:
         self.batch = BatchRuntime(draft, keep=MAX_K + 2)  # a round's drafts roll back on sliding windows too
         self.rows: dict[Hashable, DraftModelProposer] = {}
         self.steps = StepCosts(ratio)
-        self._unread = (0, 0)  # forwards the last propose left unread, and the batch's rows then
+        #: Forwards the last propose left unread, the batch's rows then, and the seconds it
+        #: ran after its last read (a backend that computes inline may have run them there).
+        self._unread = (0, 0, 0.0)
 
     # -- rows -------------------------------------------------------------------
     def join(self, row: Hashable, proposer) -> None:
@@ -174,7 +176,7 @@ class DraftBatch:
         """Each ask's drafts: copies made on the host where its proposer copies
         (``route``), else the draft model's, made together; with ``pricing``,
         the model's steps capped at what pays for the whole round."""
-        self._unread = (0, 0)
+        self._unread = (0, 0, 0.0)
         drafts: list[Draft | None] = []
         wanted: list[tuple[int, DraftAsk, int]] = []
         for i, ask in enumerate(asks):
@@ -202,8 +204,11 @@ class DraftBatch:
         return plan_steps([a.offer.head(n) for _, a, n in wanted], others, pricing.costs, step)
 
     def unread_seconds(self, costs: BatchCosts) -> float:
-        forwards, rows = self._unread
-        return forwards * self.steps.price(rows, costs) if forwards else 0.0
+        forwards, rows, spent = self._unread
+        if not forwards:
+            return 0.0
+        price = forwards * self.steps.price(rows, costs)
+        return max(0.0, price - spent) if costs.measured else price
 
     def _draft(self, rows: list[_Row]) -> list[Draft]:
         """The rows' drafts: caches synced, catch-ups, then the steps."""
@@ -216,8 +221,10 @@ class DraftBatch:
         forwards, timed, t_read = self._run(rows)
         if timed:
             self.steps.update(len(self.batch.rows), (t_read - t0) / timed)
-        self._unread = (forwards - timed, len(self.batch.rows))
-        return [r.draft() for r in rows]
+        drafts = [r.draft() for r in rows]
+        spent = time.perf_counter() - (t_read if timed else t0)
+        self._unread = (forwards - timed, len(self.batch.rows), spent)
+        return drafts
 
     def _alone_catch_ups(self, rows: list[_Row]) -> None:
         """Rows with a long catch-up, or not in the batch yet, read all but
