@@ -99,8 +99,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(name: str, folder: Path, log, *flags: str, tree: str | None = None) -> tuple[subprocess.Popen, str]:
-    """Start a server; ``tree``: run hf2q-py from that checkout instead of this one."""
+def start(
+    name: str, folder: Path, log, *flags: str, tree: str | None = None, mlx_flags: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, str]:
+    """Start a server (``flags``: hf2q-py's, ``mlx_flags``: mlx_lm.server's);
+    ``tree``: run hf2q-py from that checkout instead of this one."""
     port = free_port()
     env = dict(os.environ)
     if tree is not None:
@@ -111,7 +114,7 @@ def start(name: str, folder: Path, log, *flags: str, tree: str | None = None) ->
         blas = find_openblas()
         if blas:
             env["LD_PRELOAD"] = blas
-        cmd = [sys.executable, "-m", "mlx_lm.server", "--model", str(folder), "--port", str(port)]
+        cmd = [sys.executable, "-m", "mlx_lm.server", "--model", str(folder), "--port", str(port), *mlx_flags]
     proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env, cwd=tree)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_SECONDS
