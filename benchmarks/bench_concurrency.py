@@ -53,6 +53,7 @@ from hf2q_py.tools import results
 from hf2q_py.tools.files import check_writable
 
 sys.path.insert(0, str(Path(__file__).parent))
+import bench_server  # noqa: E402
 from bench_server import ask, export_builtin, export_target, served_name, start, stop  # noqa: E402
 from qwen_gguf import qwen_coder_gguf  # noqa: E402
 
@@ -293,6 +294,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "servers.log", "w") as log:
         where = Path(args.folder or tmp)
         if args.method == "draft":
+            bench_server.START_SECONDS = 900  # the 1.5B GGUF dequantizes as it loads
             target = qwen_coder_gguf(args.target, "1.5b", args.parts)
             draft = qwen_coder_gguf(args.draft, "0.5b", args.parts)
             folders = (exported(target, where / "target-mlx"), exported(draft, where / "draft-mlx"))

@@ -67,10 +67,11 @@ def part_files(model: str = "0.5b", parts: str | Path | None = None) -> list[Pat
 def qwen_coder_gguf(
     path: str | Path | None = None, model: str = "0.5b", parts: str | Path | None = None
 ) -> Path:
-    """The ``model`` GGUF at ``path`` (default: the cache), assembled from the parts when absent."""
+    """The ``model`` GGUF at ``path`` (default: the cache), assembled from
+    the parts when absent (a file given by ``path`` is taken as it is)."""
     spec = MODELS[model]
     out = Path(path).expanduser() if path else CACHE / spec.name
-    if out.is_file() and out.stat().st_size == spec.size:
+    if out.is_file() and (path or out.stat().st_size == spec.size):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_suffix(".partial")
