@@ -25,6 +25,8 @@ from hf2q_py.tools.reads import count_reads
 FIXED = dict(method="draft", k=4, adaptive=False, draft_suffix_depth=0, memory=False, **UNGATED)
 #: Fixed K with the default confidence rule (draft_min_prob 0.5): drafts end where the draft is unsure.
 GATED = dict(method="draft", k=5, adaptive=False, draft_suffix_depth=0, memory=False)
+#: Fixed K with llama.cpp's rule instead: a draft ends before a token the draft model is unsure of.
+P_MIN = dict(GATED, draft_p_min=0.3, draft_min_prob=0.0)
 #: The draft method's defaults: adaptive K, copies where the context's end is matched, the rule.
 DEFAULTS = dict(method="draft", memory=False)
 
@@ -140,10 +142,11 @@ def test_draft_ngram_and_plain_rows_share_one_verify(arch, scale):
         (PROMPTS[2], dict(method="baseline")),
         (PROMPTS[3], dict(GATED, draft=near)),
         (PROMPTS[4], dict(DEFAULTS, draft=draft)),
+        (PROMPTS[0][5:], dict(P_MIN, draft=near)),
     ]
-    scheduler, sinks = run_batched(target, jobs, max_batch=5)
+    scheduler, sinks = run_batched(target, jobs, max_batch=6)
     assert_each_equals_solo(target, jobs, sinks)
-    assert max(scheduler.rounds_by_size) == 5
+    assert max(scheduler.rounds_by_size) == 6
 
 
 def sampled(options, draft):
@@ -152,10 +155,13 @@ def sampled(options, draft):
 
 @pytest.mark.parametrize("arch, scale", [("llama", 2.0), ("gemma4_text", 1.5), ("qwen3_next", 1.0)])
 def test_seeded_sampling_with_a_draft_model_in_a_batch_equals_sampling_alone(arch, scale):
-    """Equal where K is the same alone and batched: a fixed K, or adaptive K
-    (untimed under a seed) while the draft model drafts well. (Where it
-    stands down and probes, alone puts a probe one round later, behind a
-    pipelined decode; both are exact samples, each repeats itself.)"""
+    """Equal where the rounds draft the same positions alone and batched: a
+    fixed K (with ``draft_min_prob``, whose drafts keep their first token), or
+    adaptive K (untimed under a seed) while the draft model drafts well.
+    (Alone, a round that drafts nothing, where adaptive K stands down or
+    ``draft_p_min`` ends a draft before its first token, is followed by a
+    pipelined decode where a batch drafts again; both are exact samples,
+    each repeats itself.)"""
     target = tiny_target(arch, scale=scale)
     if arch == "qwen3_next":  # no batchable draft of its kind: a llama, mostly rejected
         draft, variants = tiny_target("llama", seed=1, scale=2.0), (FIXED, GATED)
