@@ -25,6 +25,7 @@ import inspect
 import json
 import os
 import shlex
+import shutil
 import socket
 import statistics
 import subprocess
@@ -99,24 +100,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(name: str, folder: Path, log, *flags: str, tree: str | None = None) -> tuple[subprocess.Popen, str]:
-    """Start a server; ``tree``: run hf2q-py from that checkout instead of this one."""
+def start(
+    name: str, folder: Path, log, *flags: str, tree: str | None = None, mlx_flags: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, str]:
+    """Start a server (``flags``: hf2q-py's, ``mlx_flags``: mlx_lm.server's);
+    ``tree``: run hf2q-py from that checkout instead of this one. An hf2q-py
+    server gets a cache folder of its own (``XDG_CACHE_HOME``, removed by
+    :func:`stop`): its prompt cache on disk starts empty, as every start here
+    must remember nothing."""
     port = free_port()
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = tree
+    cache = None
     if name == "hf2q-py":
+        cache = env["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="hf2q-bench-cache-")
         cmd = [sys.executable, "-m", "hf2q_py", "serve", "--model", str(folder), "--port", str(port), *flags]
     else:
         blas = find_openblas()
         if blas:
             env["LD_PRELOAD"] = blas
-        cmd = [sys.executable, "-m", "mlx_lm.server", "--model", str(folder), "--port", str(port)]
+        cmd = [sys.executable, "-m", "mlx_lm.server", "--model", str(folder), "--port", str(port), *mlx_flags]
     proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env, cwd=tree)
+    proc.cache_dir = cache
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_SECONDS
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            stop(proc)
             raise Hf2qError(f"{name} server exited at start (status {proc.returncode})")
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as r:
@@ -124,7 +135,7 @@ def start(name: str, folder: Path, log, *flags: str, tree: str | None = None) ->
                     return proc, url
         except OSError:
             time.sleep(0.25)
-    proc.kill()
+    stop(proc)
     raise Hf2qError(f"{name} server did not start in {START_SECONDS} s")
 
 
@@ -135,6 +146,8 @@ def stop(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+    if getattr(proc, "cache_dir", None):
+        shutil.rmtree(proc.cache_dir, ignore_errors=True)
 
 
 def ask(client: openai.OpenAI, model: str, messages: list[dict], max_tokens: int, extra=None) -> dict:

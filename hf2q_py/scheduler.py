@@ -51,7 +51,7 @@ from .batch.runtime import BatchRuntime, batch_refusal
 from .budget import MemoryBudget, MemoryLedger, Reservation, allocation_failure, arrays_bytes
 from .config import GenerationConfig
 from .distributed import RanksDiverged, agree, token_check
-from .draft_length.batch import BatchCosts, plan_width
+from .draft_length.batch import BatchCosts, Offer, Pricing, plan_width
 from .errors import Hf2qError, one_line
 from .kv import KVConfig
 from .proposers.base import BatchDrafter, DraftAsk
@@ -61,6 +61,10 @@ from .stats import GenerationStats, Round
 from .target import PREFILL_CHUNK, Target
 
 log = logging.getLogger("hf2q_py.scheduler")
+
+#: The least share of a round's verify seconds charged to the verify forward
+#: itself, whatever a batch drafter's unread forwards are estimated to cost.
+UNREAD_FLOOR = 0.25
 
 
 @dataclass
@@ -538,7 +542,7 @@ class Scheduler:
         """One round of every row of the batch: drafts, one width, one forward,
         one read; on a sharded target then one agreement (rank 0's seconds,
         every row's tokens checked). A failure fails every row (on every rank)."""
-        turns = self._turns(self.rows)
+        turns, drafters = self._turns(self.rows)
         if not turns:
             return
         width = plan_width([e.seq.offer(t) for e, t in turns], self.costs)
@@ -552,14 +556,18 @@ class Scheduler:
             results = [e.seq.resolve(t, parts) for (e, t), parts in zip(turns, host)]
         except Exception as e:  # noqa: BLE001 - a failed forward leaves the batch's caches unknown
             seconds, error = time.perf_counter() - t0, e
+        positions = len(turns) * (max(len(t.draft) for _, t in turns) + 1)
+        verify = self._verify_share(positions, seconds, drafters)
         try:
-            (seconds,) = self._agreed([seconds], _tokens_check(results), failed=error is not None)
+            seconds, verify = self._agreed(
+                [seconds, verify], _tokens_check(results), failed=error is not None
+            )
         except RanksDiverged as e:
             error = error or e
         if error is not None:
             self._reset(error)
             return
-        self.costs.update(len(turns) * (max(len(t.draft) for _, t in turns) + 1), seconds)
+        self.costs.update(positions, verify)
         self.rounds_by_size[len(turns)] = self.rounds_by_size.get(len(turns), 0) + 1
         self.batch.settle()
         for (e, t), result in zip(turns, results):
@@ -575,10 +583,23 @@ class Scheduler:
         sharding = self.target.sharding
         return list(values) if sharding is None else agree(sharding, values, check, failed=failed)
 
-    def _turns(self, entries: list[Entry]) -> list[tuple[Entry, Turn]]:
-        """Each row's turn of the round: asked, drafted (on the host row by
-        row, or by the batch drafter its rows share) and checked; a row whose
-        drafting fails leaves the batch."""
+    def _verify_share(self, positions: int, seconds: float, drafters: list[BatchDrafter]) -> float:
+        """The seconds of a round's verify forward: draft forwards the batch
+        drafters left unread computed within its read, at their estimated cost
+        (in proportion to the verify's until the batch's costs are measured)."""
+        unread = sum(d.unread_seconds(self.costs) for d in drafters)
+        if not unread:
+            return seconds
+        if not self.costs.measured:  # relative units
+            verify = self.costs.cost(positions)
+            return seconds * verify / (verify + unread)
+        return max(seconds - unread, UNREAD_FLOOR * seconds)
+
+    def _turns(self, entries: list[Entry]) -> tuple[list[tuple[Entry, Turn]], list[BatchDrafter]]:
+        """Each row's turn of the round: asked, drafted and checked (on the
+        host row by row first, then by the batch drafter its rows share,
+        priced against the rest of the round); a row whose drafting fails
+        leaves the batch. Also the batch drafters that drafted."""
         turns = []
         for entry in list(entries):
             if (turn := self._guarded(entry, entry.seq.ask, batched=True)) is not None:
@@ -587,13 +608,15 @@ class Scheduler:
         for entry, turn in turns:
             if turn.wants_drafts and entry.id in self._row_drafters:
                 groups.setdefault(id(self._row_drafters[entry.id]), []).append((entry, turn))
+        grouped = {e.id for members in groups.values() for e, _ in members}
+        ready = {e.id for e, t in turns if e.id not in grouped and self._guarded(e, self._checked, e, t)}
+        drafters = []
         for members in groups.values():
-            self._batch_drafts(members)
-        out = []
-        for entry, turn in turns:
-            if entry in self.rows and self._guarded(entry, self._checked, entry, turn) is not None:
-                out.append((entry, turn))
-        return out
+            mine = {e.id for e, _ in members}
+            others = [e.seq.offer(t) for e, t in turns if e.id not in mine and e in self.rows]
+            drafters.append(self._batch_drafts(members, others))
+            ready |= {e.id for e, t in members if e in self.rows and self._guarded(e, self._checked, e, t)}
+        return [(e, t) for e, t in turns if e.id in ready and e in self.rows], drafters
 
     def _guarded(self, entry: Entry, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         """``fn(*args, **kw)``, or None when it fails: the row then leaves with the error."""
@@ -610,22 +633,20 @@ class Scheduler:
         entry.seq.check(turn)
         return turn
 
-    def _batch_drafts(self, members: list[tuple[Entry, Turn]]) -> None:
-        """Drafts for the rows that share one batch drafter, made together;
-        if it fails, its rows leave."""
+    def _batch_drafts(self, members: list[tuple[Entry, Turn]], others: list[Offer]) -> BatchDrafter:
+        """Drafts for the rows that share one batch drafter, made together and
+        priced against the ``others``' offers; if it fails, its rows leave."""
         drafter = self._row_drafters[members[0][0].id]
-        asks = [
-            DraftAsk(e.id, e.seq.proposer, e.seq.tokens, t.k, e.seq.policy.survival(t.key, t.k))
-            for e, t in members
-        ]
+        asks = [DraftAsk(e.id, e.seq.proposer, e.seq.tokens, t.k, e.seq.promise(t)) for e, t in members]
         try:
-            drafts = drafter.propose(asks)
+            drafts = drafter.propose(asks, Pricing(self.costs, others, self._agreed))
         except Exception as error:  # noqa: BLE001
             for e, _ in members:
                 self._leave(e, error)
-            return
+            return drafter
         for (e, t), draft in zip(members, drafts):
             e.seq.take(t, draft)
+        return drafter
 
     def _verify(self, turns: list[tuple[Entry, Turn]]) -> list[list[list[float]]]:
         """The batched forward and its one read: every row's read parts."""

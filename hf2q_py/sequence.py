@@ -302,6 +302,10 @@ class Sequence:
         """The turn's drafts as the batch's width planner prices them."""
         return offer(self.policy, turn.key, len(turn.draft))
 
+    def promise(self, turn: Turn) -> Offer:
+        """The turn's ``k`` drafts, before they are made, as the batch's planner prices them."""
+        return offer(self.policy, turn.key, turn.k)
+
     def cut(self, turn: Turn, width: int) -> None:
         """Keep the drafts that fit a forward of ``width`` positions."""
         turn.draft = turn.draft.head(width - 1)
@@ -441,10 +445,11 @@ class Sequence:
         planner learns, so the policy learns acceptance only."""
         if self.target.sharding is not None and self.proposer.active and not batched:
             _agree(self.target.sharding, r, new)  # a batch's rows: the scheduler's one agreement a round
-        if batched:
-            if r.drafted:
-                self.policy.observe(r.drafted, r.accepted, r.key)
-        elif not (self.plain_first_token and self.stats.rounds == 0):  # a decode by rule: no sample
+        if self.plain_first_token and self.stats.rounds == 0:
+            pass  # a decode by rule: no sample
+        elif batched:
+            self.policy.observe(r.drafted, r.accepted, r.key)
+        else:
             self.policy.update(r)
         new, self.done = commit(self.tokens, new, self.eos, self.max_tokens, self.stats)
         self.logprobs = lps[: len(new)]

@@ -105,17 +105,25 @@ class _Tap(StandIn):
 
 
 class _FinalNorm(nn.Module):
-    def __init__(self, norm: nn.Module, rec: Recorder | None, keep: slice | None):
+    def __init__(self, norm: nn.Module, rec: Recorder | None, keep: slice | mx.array | None):
         super().__init__()
         self.norm, self.rec, self.keep = norm, rec, keep
 
     def __call__(self, x):
-        if self.keep is not None:
+        if isinstance(self.keep, mx.array):
+            x = keep_rows(x, self.keep)
+        elif self.keep is not None:
             x = x[:, self.keep]
         y = self.norm(x)
         if self.rec is not None:
             self.rec.final = y
         return y
+
+
+def keep_rows(x: mx.array, positions: mx.array) -> mx.array:
+    """Row b's position ``positions[b]`` of ``x`` (B, L, ...), as (B, 1, ...)."""
+    index = positions.astype(mx.int32).reshape(-1, 1, *([1] * (x.ndim - 2)))
+    return mx.take_along_axis(x, index, axis=1)
 
 
 def kv_sources(model: Any) -> dict[int, int]:
@@ -157,13 +165,14 @@ def tapped(
     *,
     capture_layers: Sequence[int] = (),
     capture_final: bool = False,
-    keep_positions: slice | None = None,
+    keep_positions: slice | mx.array | None = None,
     skip_layers: Sequence[int] = (),
 ) -> Iterator[Recorder]:
     """Run the body's forward call with the requested taps installed.
 
     ``keep_positions`` slices the sequence before the final norm, so the
-    LM head is computed only for those positions.
+    LM head is computed only for those positions (an array: one position
+    per row of the batch).
     """
     rec = Recorder()
     if not (capture_layers or capture_final or keep_positions is not None or skip_layers):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from helpers import UNGATED, assert_same_greedy
+from helpers import assert_same_greedy
 from mlx_lm.models.cache import ArraysCache
 from models import HYBRIDS, random_prompt, tiny_target
 from test_engine import loopy_prompt
@@ -192,21 +192,27 @@ def test_a_short_prompt_starts_before_a_long_one_ahead_of_it_and_none_waits_for_
     scheduler.run()
 
 
-def test_a_method_that_cannot_share_a_forward_runs_alone_beside_the_batch():
+def test_a_generation_whose_proposer_cannot_batch_runs_alone_beside_the_batch():
+    from hf2q_py.proposers.base import PlainDecoding
+    from hf2q_py.sequence import Sequence
+
+    class Unshared(PlainDecoding):
+        batchable = False  # as a proposer whose drafting forwards no batch can run
+
     target = tiny_target("llama", scale=2.0)
-    draft = tiny_target("llama", seed=1, scale=2.0)
     scheduler = Scheduler(target, SchedulerConfig(max_batch=4))
-    jobs = [
-        (PROMPTS[0], dict(method="draft", draft=draft, k=3, **UNGATED)),
-        (PROMPTS[1], REJECTING),
-        (PROMPTS[2], dict(method="baseline")),
-    ]
+    jobs = [(PROMPTS[1], REJECTING), (PROMPTS[2], dict(method="baseline"))]
     sinks = [submit(scheduler, target, p, max_tokens=30, **o)[1] for p, o in jobs]
+    alone = Collect()
+    seq = Sequence(target, PROMPTS[0], max_tokens=30, proposer=Unshared())
+    scheduler.submit(PROMPTS[0], None, alone, sequence=seq)
     scheduler.run()
     for (prompt, options), sink in zip(jobs, sinks):
         want = hf2q_py.generate(target, prompt, max_tokens=30, **options).tokens
         assert_same_greedy(target.model, prompt, sink.tokens, want)
-    assert max(scheduler.rounds_by_size) == 2  # the draft-model row was never in the batch
+    want = hf2q_py.generate(target, PROMPTS[0], max_tokens=30, method="baseline").tokens
+    assert_same_greedy(target.model, PROMPTS[0], alone.tokens, want)
+    assert max(scheduler.rounds_by_size) == 2  # the unshared one was never in the batch
 
 
 def test_a_cancelled_row_stops_between_rounds_and_the_others_go_on():

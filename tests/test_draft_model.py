@@ -189,7 +189,20 @@ def test_a_draft_model_reports_the_tokens_it_caught_up_on():
     first = proposer.propose(prompt, 3)
     assert first.catch_up == len(prompt)  # the lazy prefill
     after = prompt + first.ids() + [7]  # every draft accepted, then the bonus token
+    proposer.update(after, 3, 3, {})
     assert proposer.propose(after, 3).catch_up == 2  # the last draft (never fed) and the bonus token
+
+
+def test_lazy_drafts_stay_in_the_draft_cache_as_far_as_the_target_accepted_them():
+    draft = tiny_target("llama", seed=1, scale=2.0)
+    proposer = DraftModelProposer(draft, lazy_prefill=True)
+    prompt = list(range(5, 30))
+    proposer.start(None, prompt, {}, Greedy())
+    drafts = proposer.propose(prompt, 4).ids()
+    after = prompt + drafts[:2] + [(drafts[2] + 1) % 128]  # two accepted, the third rejected
+    proposer.update(after, 4, 2, {})
+    assert proposer.cached == prompt + drafts[:2] and proposer.rt.offset == len(prompt) + 2
+    assert proposer.propose(after, 3).catch_up == 1  # only the token the target chose
 
 
 def test_draft_method_needs_a_draft_model():

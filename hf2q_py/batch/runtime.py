@@ -30,7 +30,7 @@ from ..errors import Hf2qError
 from ..kv import KVConfig, shared_views
 from ..prompt_cache import Snapshot
 from ..target import Forward, Runtime, Target
-from ..taps import tapped
+from ..taps import keep_rows, tapped
 from .cache import SlotKVCache, SlotTable
 from .recurrent import BatchRecurrent
 
@@ -135,17 +135,21 @@ class BatchRuntime:
         self,
         feeds: Sequence[Sequence[int] | mx.array],
         *,
+        logits: str = "all",
         capture_layers: Sequence[int] = (),
         skip_layers: Sequence[int] = (),
     ) -> Forward:
         """One forward feeding row b ``feeds[b]`` (token ids or a lazy array;
         empty: the row takes no part), every row right-padded to the widest:
         logits (B, W, vocab) and the captured layers' outputs (B, W, H),
-        lazy. ``skip_layers``: those layers pass their input through (a
-        partial forward, whose positions the rows trim afterwards)."""
+        lazy; ``logits="last"``: only each row's last fed position's, (B, 1,
+        vocab) (the LM head runs on those alone). ``skip_layers``: those
+        layers pass their input through (a partial forward, whose positions
+        the rows trim afterwards)."""
         if len(feeds) != len(self.rows):
             raise ValueError(f"{len(feeds)} feeds for {len(self.rows)} rows")
         widths = [len(f) if not isinstance(f, mx.array) else f.shape[0] for f in feeds]
+        last = mx.array([max(w - 1, 0) for w in widths], dtype=mx.int32) if logits == "last" else None
         width = max(widths)
         for table in self.tables.values():
             index = table.plan(width)
@@ -156,13 +160,16 @@ class BatchRuntime:
         x = _inputs(feeds, widths, width)
         if self.recurrent is not None:
             self.recurrent.begin(widths)
-        with tapped(self.model, capture_layers=capture_layers, skip_layers=skip_layers) as rec:
-            logits = self.model(x, cache=self.caches + self._shared)
+        taps = dict(capture_layers=capture_layers, skip_layers=skip_layers, keep_positions=last)
+        with tapped(self.model, **taps) as rec:
+            out = self.model(x, cache=self.caches + self._shared)
         for table in self.tables.values():
             table.end()
         if self.recurrent is not None:
             self.recurrent.end()
-        return Forward(logits, rec.layers)
+        if last is not None and self.target._decoder is None:  # no final norm to tap: cut the logits
+            out = keep_rows(out, last)
+        return Forward(out, rec.layers)
 
     def trim(self, row_id: Any, n: int) -> None:
         """Drop row ``row_id``'s last ``n`` positions (within the last forward)."""

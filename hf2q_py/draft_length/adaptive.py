@@ -83,19 +83,21 @@ class AdaptiveK:
         """Learn from a finished round: its cost, then the acceptance of its
         drafts (and of drafts made while it decoded that its token rejected)."""
         self.cost_model.update(r)
-        if r.drafted:
-            self.observe(r.drafted, r.accepted, r.key)
-        else:
-            self.probes.tick()
+        self.observe(r.drafted, r.accepted, r.key)
         if r.early_rejected:
             self.observe(r.early_rejected, 0, r.early_key)
 
     def batch_k(self, key: Hashable = None) -> int:
         """In a batch every draft up to ``k_max`` is offered: the batch's planner
-        prices the width from the rates (``survival``) and the batch's costs."""
-        return self.k_max
+        prices the width from the rates (``survival``) and the batch's costs.
+        Untimed (seeded sampling with drafts drawn from distributions), K is
+        the one ``next_k`` gives alone, verified whole (``survival`` None): a
+        batch's timings must not decide which positions are drafted."""
+        return self.k_max if self.cost_model.timed else self.next_k(key)
 
     def survival(self, key: Hashable, n: int) -> list[float] | None:
+        if not self.cost_model.timed:
+            return None
         out, p = [], 1.0
         for r in self.acceptance.rates(key)[:n]:
             p *= r
@@ -107,8 +109,11 @@ class AdaptiveK:
         self.cost_model.prefilled(tokens, seconds)
 
     def observe(self, drafted: int, accepted: int, key: Hashable = None) -> None:
-        """Acceptance alone, without a timed round; a probe's outcome sets the
-        next cool-down."""
+        """Acceptance alone, without a timed round (no drafts: one more round
+        towards the next probe); a probe's outcome sets the next cool-down."""
+        if not drafted:
+            self.probes.tick()
+            return
         probing = self.best_k(key) == 0
         self.acceptance.observe(drafted, accepted, key)
         if probing:

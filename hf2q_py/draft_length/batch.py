@@ -1,5 +1,5 @@
 """Draft lengths for a batch: one verify width for all rows, priced by what a
-batched forward costs.
+batched forward costs, and how many steps a batch drafter takes.
 
 A batched forward feeds every row the same number of positions (rows that
 feed fewer are padded), so its cost depends on ``rows x width``, not on any
@@ -7,17 +7,24 @@ one row's drafts: within the width a row's drafts are free, past it every
 row pays a column. The width chosen is the one with the most expected
 tokens per second over the whole batch; each row's expected tokens come
 from its own policy's acceptance rates for its draft key.
+
+Rows whose drafts a batch drafter makes with forwards of its own (a draft
+model) pay for them before the width is chosen: K draft steps of the
+drafter's batched forward. :func:`plan_steps` chooses K with the same
+measure, the round costing the K steps (:class:`StepCosts`) and the verify
+width that follows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from .policy import Policy
 from .probes import ProbeSchedule
 
-#: A wider batch must promise this much more than the best narrower one.
+#: A wider batch (or one more draft step) must promise this much more than the best narrower one.
 WIDER_MARGIN = 0.02
 
 
@@ -33,14 +40,29 @@ class BatchCosts:
     seconds: dict[int, float] = field(default_factory=dict)
     counts: dict[int, float] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self._points: list[tuple[int, float]] | None = None
+
+    @property
+    def measured(self) -> bool:
+        """Whether a forward was timed (costs are seconds, else relative units)."""
+        return bool(self.counts)
+
     def update(self, positions: int, seconds: float) -> None:
         """A forward of ``positions`` took ``seconds``."""
         self.seconds[positions] = 0.9 * self.seconds.get(positions, 0.0) + seconds
         self.counts[positions] = 0.9 * self.counts.get(positions, 0.0) + 1.0
+        self._points = None
+
+    def points(self) -> list[tuple[int, float]]:
+        """The measured sizes and their mean seconds, by size."""
+        if self._points is None:
+            self._points = sorted((n, self.seconds[n] / c) for n, c in self.counts.items() if c > 0)
+        return self._points
 
     def cost(self, positions: int) -> float:
         """The seconds of a forward of ``positions`` (relative units until measured)."""
-        points = sorted((n, self.seconds[n] / c) for n, c in self.counts.items() if c > 0)
+        points = self.points()
         if not points:
             return self._prior(positions)
         (a, ta) = points[0]
@@ -57,6 +79,32 @@ class BatchCosts:
 
 
 @dataclass
+class StepCosts:
+    """What one step of a batch drafter costs (one batched forward of its
+    model over its rows): decayed mean seconds by rows, measured from the
+    steps it read; scaled to other row counts along the batch's own cost
+    curve; until measured, ``ratio`` times the batch's forward of as many
+    positions (a draft model's weights against the target's)."""
+
+    ratio: float = 0.0
+    seconds: dict[int, float] = field(default_factory=dict)
+    counts: dict[int, float] = field(default_factory=dict)
+
+    def update(self, rows: int, seconds: float) -> None:
+        """One step over ``rows`` rows took ``seconds`` (a mean over several)."""
+        self.seconds[rows] = 0.9 * self.seconds.get(rows, 0.0) + seconds
+        self.counts[rows] = 0.9 * self.counts.get(rows, 0.0) + 1.0
+
+    def price(self, rows: int, costs: BatchCosts) -> float:
+        """A step over ``rows`` rows in ``costs``' units (seconds once both are measured)."""
+        measured = {n: self.seconds[n] / c for n, c in self.counts.items() if c > 0}
+        if not measured or not costs.measured:
+            return self.ratio * costs.cost(rows)
+        near = min(measured, key=lambda n: (abs(n - rows), n))
+        return measured[near] * costs.cost(rows) / costs.cost(near)
+
+
+@dataclass
 class Offer:
     """One row's drafts for the round: how many it has, and the chance that
     each prefix of them is accepted (``survival[j]``: the first j + 1)."""
@@ -64,6 +112,14 @@ class Offer:
     drafts: int
     survival: Sequence[float] = ()
     fixed: bool = False  # a fixed K: verify every draft
+
+    def head(self, n: int) -> Offer:
+        """Its first ``n`` drafts."""
+        return Offer(min(self.drafts, n), self.survival[:n], self.fixed)
+
+    def expected(self) -> list[float]:
+        """Expected tokens from verifying its first 0, 1, ... drafts (index j: j drafts)."""
+        return list(accumulate(self.survival[: self.drafts], initial=1.0))
 
 
 def offer(policy: Policy, key: Hashable, drafts: int) -> Offer:
@@ -74,41 +130,78 @@ def offer(policy: Policy, key: Hashable, drafts: int) -> Offer:
 
 def plan_width(offers: Sequence[Offer], costs: BatchCosts, step_cost: float = 0.0) -> int:
     """The verify width (drafts + 1) with the most expected tokens per second
-    over the batch; rows with a fixed K get theirs verified whole.
-    ``step_cost``: what each draft costs besides its column, as a share of a
-    decode of the rows (a drafter that runs a forward per draft: layer skip)."""
+    over the batch; rows with a fixed K get theirs verified whole."""
+    return _best_width(offers, costs, 0.0)[0]
+
+
+def _best_width(offers: Sequence[Offer], costs: BatchCosts, extra: float) -> tuple[int, float]:
+    """The best width and its expected tokens per second, the round costing
+    ``extra`` besides its forward."""
     rows = len(offers)
     widest = max((o.drafts for o in offers), default=0) + 1
     floor = max((o.drafts + 1 for o in offers if o.fixed), default=1)
+    fixed = sum(1.0 + o.drafts for o in offers if o.fixed)
+    curves = [o.expected() for o in offers if not o.fixed]
     best, best_rate = floor, -1.0
     for width in range(floor, widest + 1):
-        tokens = sum(1.0 + sum(o.survival[: min(width - 1, o.drafts)]) for o in offers if not o.fixed)
-        tokens += sum(1.0 + o.drafts for o in offers if o.fixed)
-        rate = tokens / (costs.cost(rows * width) + (width - 1) * step_cost * costs.cost(rows))
+        tokens = fixed + sum(c[min(width - 1, len(c) - 1)] for c in curves)
+        rate = tokens / (costs.cost(rows * width) + extra)
         if rate > best_rate * (1.0 + WIDER_MARGIN):
             best, best_rate = width, rate
+    return best, best_rate
+
+
+def plan_steps(drafted: Sequence[Offer], others: Sequence[Offer], costs: BatchCosts, step: float) -> int:
+    """How many steps a batch drafter takes for the rows it drafts for
+    (``drafted``: what each asks for; each gets at most that many): the K
+    whose round promises the most expected tokens per second over the batch,
+    the round costing K steps of ``step`` (in ``costs``' units) and the
+    verify of the width :func:`plan_width` would choose for those rows'
+    first K drafts and the ``others``' drafts. Rows with a fixed K get
+    theirs whole."""
+    most = max((o.drafts for o in drafted), default=0)
+    best = max((o.drafts for o in drafted if o.fixed), default=0)
+    best_rate = -1.0
+    for k in range(best, most + 1):
+        _, rate = _best_width([o.head(k) for o in drafted] + list(others), costs, k * step)
+        if rate > best_rate * (1.0 + WIDER_MARGIN):
+            best, best_rate = k, rate
     return best
+
+
+@dataclass
+class Pricing:
+    """The rest of a batched round, for a batch drafter choosing its steps
+    (:func:`plan_steps`): the batch's forward costs and the offers of the
+    rows it does not draft for."""
+
+    costs: BatchCosts
+    others: list[Offer] = field(default_factory=list)
+    #: Measured seconds as every rank of a sharded target decides from them
+    #: (rank 0's); the identity when the target is whole.
+    agree: Callable[[list[float]], list[float]] = lambda values: list(values)
 
 
 @dataclass
 class DraftPlan:
     """How many drafts a batch drafter makes for its rows in a round (before
-    the batch's planner picks the verify width from them): the width the
-    rows' acceptance rates promise at the batch's ``costs`` (measured by the
-    loop, or the prior until measured), each
-    draft also costing ``step_cost`` decodes of the rows (a drafter that
-    runs a forward per draft: layer skip; 0: one forward for any number,
-    DFlash). When no draft pays, a short probe now and then
-    (``ProbeSchedule``) keeps the rows' rates learning; rows with a fixed K
-    get all theirs."""
+    the batch's planner picks the verify width from them): the number of
+    steps :func:`plan_steps` finds best at the batch's ``costs`` (measured by
+    the loop, or the prior until measured), each step costing ``step_cost``
+    decodes of the batch's rows (a drafter that runs a forward per draft:
+    layer skip; 0: one forward drafts any number, DFlash). When no draft
+    pays, a short probe now and then (``ProbeSchedule``) keeps the rows'
+    rates learning; rows with a fixed K get all theirs."""
 
     step_cost: float = 0.0
     probes: ProbeSchedule = field(default_factory=ProbeSchedule)
     costs: BatchCosts = field(default_factory=BatchCosts)
     probing: bool = False
 
-    def drafts(self, offers: Sequence[Offer]) -> int:
-        n = plan_width(offers, self.costs, self.step_cost) - 1
+    def drafts(self, offers: Sequence[Offer], others: Sequence[Offer] = ()) -> int:
+        """Steps to draft for ``offers`` beside the batch's ``others``."""
+        step = self.step_cost * self.costs.cost(len(offers) + len(others))
+        n = plan_steps(offers, others, self.costs, step)
         if self.probing:
             self.probes.probed(n > 0, self.probes.probe_k * self.step_cost)
             self.probing = False

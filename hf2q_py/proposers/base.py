@@ -12,6 +12,8 @@ from ..draft_length.profile import DraftProfile
 if TYPE_CHECKING:
     import mlx.core as mx
 
+    from ..draft_length.batch import BatchCosts, Offer, Pricing
+
 
 @dataclass
 class Draft:
@@ -149,19 +151,19 @@ class PlainDecoding(Proposer):
 @dataclass
 class DraftAsk:
     """One row's request to a ``BatchDrafter``: up to ``k`` drafts after
-    ``tokens``. ``survival``: the chance that the first 1 .. k drafts are all
-    accepted, as the row's policy rates them (None: a fixed K, every draft
-    wanted), for drafters whose every draft costs a forward."""
+    ``tokens``; ``offer``: those ``k`` drafts as the batch's planner prices
+    them (its policy's survival for the row's draft key)."""
 
     row: Hashable
     proposer: Proposer
     tokens: Sequence[int]
     k: int
-    survival: Sequence[float] | None = None
+    offer: Offer | None = None
 
-    def offer(self) -> Offer:
-        """Its drafts as a batch's width planner prices them."""
-        return Offer(self.k, fixed=True) if self.survival is None else Offer(self.k, self.survival)
+
+def ask_offer(ask: DraftAsk) -> Offer:
+    """An ask's drafts as the batch's planner prices them (without an offer: a fixed K)."""
+    return ask.offer if ask.offer is not None else Offer(ask.k, fixed=True)
 
 
 class BatchDrafter(Protocol):
@@ -177,6 +179,14 @@ class BatchDrafter(Protocol):
         """A row leaves the batch: its proposer can draft alone again (or finish)."""
         ...
 
-    def propose(self, asks: Sequence[DraftAsk]) -> list[Draft]:
-        """Each ask's drafts (lazy arrays or ids), made together."""
+    def propose(self, asks: Sequence[DraftAsk], pricing: Pricing | None = None) -> list[Draft]:
+        """Each ask's drafts (lazy arrays or ids), made together; with
+        ``pricing`` (the batch's costs and its other rows' offers), as many
+        steps as pay for the whole round (``draft_length.batch.plan_steps``)."""
+        ...
+
+    def unread_seconds(self, costs: BatchCosts) -> float:
+        """What the forwards its last ``propose`` queued without reading still
+        cost when it returned (they compute within the round's verify; in
+        ``costs``' units)."""
         ...

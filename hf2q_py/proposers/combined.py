@@ -6,14 +6,14 @@ it drafts, and reads the prompt only then (lazy prefill)."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from ..draft_length.profile import DraftProfile
 
 from ..target import Target
-from .base import Draft, Proposer
+from .base import BatchDrafter, Draft, Proposer
 from .draft_model import DraftModelProposer, check_compatible, relative_cost
 from .suffix import SuffixOptions, SuffixProposer
 
@@ -31,11 +31,12 @@ class CombinedProposer(Proposer):
     or ``"model"``, so adaptive K keeps acceptance and drafting cost per
     source. Drafts of one round come from one source: copies are point
     masses, model drafts carry the model's distributions, and verification
-    under sampling stays exact either way.
+    under sampling stays exact either way. In a batch, copy rounds draft on
+    the host and model rounds through the draft model's batch drafter
+    (shared by every row drafting with the same model).
     """
 
     name = "draft"
-    batchable = False  # drafts with forwards of its own: runs alone beside the batch
 
     def __init__(self, model: DraftModelProposer, copier: SuffixProposer, min_depth: int, model_k: int):
         self.model, self.copier = model, copier
@@ -58,6 +59,14 @@ class CombinedProposer(Proposer):
     def own_memory(self, tokens: int) -> tuple[tuple[Any, ...], int]:
         return self.model.own_memory(tokens)
 
+    @property
+    def batchable(self) -> bool:
+        return self.model.batchable
+
+    def batch_drafter(self, batch: Any) -> tuple[Hashable, Callable[[], BatchDrafter]] | None:
+        """The draft model's (copies need none)."""
+        return self.model.batch_drafter(batch)
+
     def start(self, runtime, prompt: Sequence[int], hidden, decider) -> None:
         self.copier.start(runtime, prompt, hidden, decider)
         self.model.start(runtime, prompt, hidden, decider)
@@ -70,14 +79,24 @@ class CombinedProposer(Proposer):
             return ("copy", self.copier.draft_key(tokens))
         return MODEL_KEY
 
-    def propose(self, tokens: Sequence[int], k: int) -> Draft:
+    def route(self, tokens: Sequence[int], k: int) -> Draft | int:
+        """Copies, where the context's end is matched deeply enough, else how
+        many drafts the model makes (at most ``model_k``)."""
         if self._depth(tokens) >= self.min_depth:
             draft = self.copier.propose(tokens, k)
             if draft:
                 self.copied_rounds += 1
                 return draft
         self.model_rounds += 1
-        return self.model.propose(tokens, min(k, self.model_k))
+        return min(k, self.model_k)
+
+    def propose(self, tokens: Sequence[int], k: int) -> Draft:
+        routed = self.route(tokens, k)
+        return routed if isinstance(routed, Draft) else self.model.propose(tokens, routed)
+
+    def update(self, tokens: Sequence[int], drafted: int, accepted: int, hidden) -> None:
+        self.copier.update(tokens, drafted, accepted, hidden)
+        self.model.update(tokens, drafted, accepted, hidden)
 
     def finish(self, tokens: Sequence[int]) -> None:
         self.copier.finish(tokens)

@@ -24,8 +24,8 @@ import numpy as np
 
 from .. import kv as stores
 from ..batch.cache import EMPTY, SlotKVCache, SlotTable
-from ..draft_length.batch import BatchCosts, DraftPlan
-from .base import Draft, DraftAsk
+from ..draft_length.batch import BatchCosts, DraftPlan, Pricing
+from .base import Draft, DraftAsk, ask_offer
 from .dflash_drafter import Drafter, DrafterCache, TargetHead
 
 if TYPE_CHECKING:
@@ -136,9 +136,15 @@ class DFlashRows:
         proposer.cache = self.contexts.take(row)
         self.members.pop(row, None)
 
-    def propose(self, asks: Sequence[DraftAsk]) -> list[Draft]:
+    def unread_seconds(self, costs: BatchCosts) -> float:
+        """Not estimated: its lazy drafts' forwards count in the verify's
+        measured cost (so the batch's costs lean towards fewer drafts)."""
+        return 0.0
+
+    def propose(self, asks: Sequence[DraftAsk], pricing: Pricing | None = None) -> list[Draft]:
         block = self.cfg.block_size
-        n = min(self.plan.drafts([a.offer() for a in asks]), block - 1)
+        others = pricing.others if pricing is not None else ()
+        n = min(self.plan.drafts([ask_offer(a) for a in asks], others), block - 1)
         if n == 0:  # no draft pays this round: the features wait for the next
             return [Draft() for _ in asks]
         rows = self.contexts.rows

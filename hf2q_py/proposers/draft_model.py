@@ -4,7 +4,7 @@ committed tokens by trimming after each round."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -14,7 +14,8 @@ from ..draft_length.profile import DraftProfile
 from ..errors import Hf2qError
 from ..kv import kv_footprint
 from ..target import PREFILL_CHUNK, Target
-from .base import Draft, Proposer
+from .base import BatchDrafter, Draft, Proposer
+from .draft_batch import DraftBatch, draft_batch_refusal
 
 
 def check_compatible(target: Target, draft: Target) -> None:
@@ -75,10 +76,13 @@ class DraftModelProposer(Proposer):
 
     ``lazy_prefill``: the draft model reads the prompt only when it first
     drafts (adaptive K or copies may never need it), in one batched catch-up.
+
+    In a batch, the rows drafting with the same draft model share one
+    :class:`~hf2q_py.proposers.draft_batch.DraftBatch`: its batched forwards
+    draft for all of them at once, its caches hold this proposer's as a row.
     """
 
     name = "draft"
-    batchable = False  # drafts with forwards of its own: runs alone beside the batch
 
     def __init__(
         self,
@@ -93,11 +97,39 @@ class DraftModelProposer(Proposer):
         self.p_min = p_min
         self.min_prob = min_prob
         self.lazy_prefill = lazy_prefill
-        self.rt = None
+        self.rt = None  # the draft's runtime: its own, or its row of a DraftBatch
         self.cached: list[int] = []  # tokens whose K/V are in the draft's cache
         self.synced = 0  # cached[:synced] are known to be committed tokens
         self.confidence: list[float] = []  # the latest draft's top probability per token (when gated)
-        self.unread: tuple[Draft, int] | None = None  # lazy drafts fed to the cache, and how many
+        #: Lazy drafts in the cache after ``cached`` (their values known once verified: ``update``).
+        self.unread = 0
+        self.done = False  # finished: its cache is no longer needed
+        self._refusal: str | None | bool = False  # why the draft model cannot batch (False: not asked)
+
+    @property
+    def model(self) -> DraftModelProposer:
+        """The proposer that drafts with the model (itself)."""
+        return self
+
+    @property
+    def batchable(self) -> bool:
+        """Whether its rows can share a batch: when the draft model can run
+        batched with rollback across steps (attention layers; no recurrent
+        state, no sharding). Otherwise the generation runs alone beside the batch."""
+        if self._refusal is False:
+            self._refusal = draft_batch_refusal(self.draft)
+        return self._refusal is None
+
+    def batch_drafter(self, batch: Any) -> tuple[Hashable, Callable[[], BatchDrafter]] | None:
+        """Rows drafting with the same draft model (the same Target) share one ``DraftBatch``."""
+        if not self.batchable:
+            return None
+        return ("draft model", self.draft), lambda: DraftBatch(self.draft, self.cost)
+
+    def route(self, tokens: Sequence[int], k: int) -> Draft | int:
+        """A round's drafts made on the host (none here), or how many drafts
+        the model makes (a batch drafter asks this first)."""
+        return k
 
     @property
     def profile(self) -> DraftProfile:
@@ -125,7 +157,7 @@ class DraftModelProposer(Proposer):
         self.decider = decider
         self.rt = self.draft.runtime()
         self.cached = []
-        self.unread = None
+        self.unread, self.done = 0, False
         if len(prompt) > 1 and not self.lazy_prefill:
             self.rt.prefill(self._embeddable(prompt[:-1]), logits="none")
             self.cached = list(prompt[:-1])
@@ -141,14 +173,25 @@ class DraftModelProposer(Proposer):
             return list(tokens)
         return [min(t, dv - 1) for t in tokens]
 
+    def update(self, tokens: Sequence[int], drafted: int, accepted: int, hidden) -> None:
+        """After a round: lazy drafts in the cache that the target accepted
+        are committed tokens now (``tokens`` holds them), the rest is trimmed."""
+        if self.unread:
+            keep = min(accepted, self.unread)
+            start = len(self.cached)
+            self.cached.extend(tokens[start : start + keep])
+            self.rt.trim(self.unread - keep)
+            self.unread = 0
+
+    def finish(self, tokens: Sequence[int]) -> None:
+        self.done = True
+
     def _sync(self, tokens: Sequence[int]) -> list[int]:
         """Trim the draft cache to its longest prefix of ``tokens`` (leaving at
         least one token to feed); return the tokens still to feed."""
-        if self.unread is not None:  # lazy drafts fed last time, by now read by the engine
-            draft, fed = self.unread
-            self.unread = None
-            values = draft.values if draft.values is not None else draft.tokens.tolist()
-            self.cached.extend(values[:fed])
+        if self.unread:  # lazy drafts no round judged: not known to be committed
+            self.rt.trim(self.unread)
+            self.unread = 0
         # cached[:synced] are committed tokens (history never changes); past
         # that the cache holds drafts, valid only as far as they were accepted
         n, limit = self.synced, min(len(self.cached), len(tokens) - 1)
@@ -170,10 +213,15 @@ class DraftModelProposer(Proposer):
         return self.rt.forward(feed, logits="last").logits[-1]
 
     @property
+    def gated(self) -> bool:
+        """Whether a confidence rule (``p_min``, ``min_prob``) may end a draft early."""
+        return self.p_min > 0 or self.min_prob > 0
+
+    @property
     def lazy_drafts(self) -> bool:
         """Drafts stay lazy (no read before their verify) unless a confidence
         rule needs each step's probability read to end a draft early."""
-        return not (self.p_min > 0 or self.min_prob > 0)
+        return not self.gated
 
     def propose(self, tokens: Sequence[int], k: int) -> Draft:
         feed = self._sync(tokens)
@@ -185,8 +233,7 @@ class DraftModelProposer(Proposer):
 
     def _lazy(self, tokens: Sequence[int], k: int, logits: mx.array, fed: int) -> Draft:
         """``k`` drafts queued step after step without a read; the draft cache
-        keeps the ``k - 1`` fed ones, matched against the committed tokens
-        once the engine has read them (``Draft.values``)."""
+        keeps the ``k - 1`` fed ones, as many as the target accepts (``update``)."""
         steps: list[mx.array] = []
         dists: list[mx.array | None] = []
         for i in range(k):
@@ -197,9 +244,8 @@ class DraftModelProposer(Proposer):
             if i + 1 < k:
                 logits = self.rt.decode(y).logits[-1]
         self.confidence = []
-        draft = Draft(mx.stack(steps), mx.stack(dists) if dists[0] is not None else None, catch_up=fed)
-        self.unread = (draft, k - 1)
-        return draft
+        self.unread = k - 1
+        return Draft(mx.stack(steps), mx.stack(dists) if dists[0] is not None else None, catch_up=fed)
 
     def _gated(self, tokens: Sequence[int], k: int, logits: mx.array, fed: int) -> Draft:
         """Drafts that end where the draft model's confidence falls (``p_min``,

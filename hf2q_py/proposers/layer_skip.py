@@ -19,11 +19,11 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ..distributed import agree
-from ..draft_length.batch import BatchCosts, DraftPlan
+from ..draft_length.batch import BatchCosts, DraftPlan, Pricing
 from ..errors import Hf2qError
 from ..taps import check_skip_set, check_skippable, embedding, find_decoder, language_model
 from ..target import Target
-from .base import Draft, DraftAsk, Proposer
+from .base import Draft, DraftAsk, Proposer, ask_offer
 
 MARGIN = 1.05  # a skip set is kept only if it beats plain decoding by this factor
 
@@ -334,8 +334,13 @@ class LayerSkipRows:
     def leave(self, row: Hashable, proposer: LayerSkipProposer) -> None:
         self.rows.pop(row, None)
 
-    def propose(self, asks: Sequence[DraftAsk]) -> list[Draft]:
-        n = self.plan.drafts([a.offer() for a in asks])
+    def unread_seconds(self, costs: BatchCosts) -> float:
+        """Not estimated: its lazy drafts' forwards count in the verify's
+        measured cost (so the batch's costs lean towards fewer drafts)."""
+        return 0.0
+
+    def propose(self, asks: Sequence[DraftAsk], pricing: Pricing | None = None) -> list[Draft]:
+        n = self.plan.drafts([ask_offer(a) for a in asks], pricing.others if pricing is not None else ())
         index = {row: b for b, row in enumerate(self.batch.rows)}
         feeds: list[Any] = [mx.array([a.tokens[-1]], dtype=mx.uint32) for a in asks]
         steps: list[list[mx.array]] = [[] for _ in asks]
