@@ -357,3 +357,17 @@ def test_long_texts_are_given_as_a_call_would_quote_them():
                           {"role": "user", "content": "short\n"}])  # fmt: skip
     assert views == [json.dumps(code)[1:-1]]
     assert "\\n" in views[0] and '\\"' in views[0]
+
+
+def test_a_file_shown_with_numbered_lines_is_also_given_without_the_numbers():
+    """Claude Code's Read returns ``cat -n`` lines; an edit's old_string copies
+    the lines without their numbers, so those views are given as is and quoted."""
+    from hf2q_py.server.tool_calls import quoted_views, unnumbered
+
+    code = 'def add(a, b):\n    """Sum."""\n    return a + b\n'
+    shown = "\n".join(f"{i + 1:>6}\t{line}" for i, line in enumerate(code.splitlines()))
+    assert unnumbered(shown) == code
+    assert unnumbered("no numbers here\nat all") is None
+    assert unnumbered("     1\tone line only") is None
+    views = quoted_views([{"role": "tool", "content": shown}])
+    assert views == [json.dumps(shown)[1:-1], code, json.dumps(code)[1:-1]]
