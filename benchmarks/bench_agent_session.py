@@ -115,30 +115,17 @@ def ask(name: str, url: str, body: dict[str, Any], reader) -> Answer:
 def record_script(args: argparse.Namespace, shape: cs.Shape, log) -> dict[str, Any]:
     """The session with plain greedy decoding: every request's messages and answer."""
     reader = tool_reader(shape.tools)
-    space, messages, requests, next_id = cs.workspace(), [], [], 1
+
+    def ask(body):
+        a = messages_whole(url, {**body, "hf2q": {"return_tokens": True}}, reader)
+        return a.text, a.calls, a.record()
+
     proc, url = start("hf2q-py", args, log, method="baseline")
     try:
-        for label, prompt in cs.TURNS:
-            messages += (
-                cs.first_user(shape, prompt) if not messages else [{"role": "user", "content": prompt}]
-            )
-            for step in range(cs.MAX_REQUESTS_PER_TURN):
-                body = cs.request_body(shape, messages, len(requests), args.max_tokens)
-                body["hf2q"] = {"return_tokens": True}
-                answer = messages_whole(url, body, reader)
-                blocks = cs.assistant_blocks(answer.text, answer.calls, next_id)
-                next_id += len(answer.calls)
-                requests.append({"label": label if step == 0 else f"{label} / after the tool",
-                                 "messages": len(messages), "answer": answer.record()})  # fmt: skip
-                print(f"recorded {requests[-1]['label']}: {answer.output_tokens} tokens, "
-                      f"calls {[c['name'] for c in answer.calls]}", file=sys.stderr, flush=True)  # fmt: skip
-                messages.append({"role": "assistant", "content": blocks or [{"type": "text", "text": ""}]})
-                if not answer.calls:
-                    break
-                messages.append({"role": "user", "content": cs.tool_results(space, blocks)})
+        script = cs.run_session(shape, ask, args.max_tokens, log=lambda line: print(f"recorded {line}", file=sys.stderr, flush=True))  # fmt: skip
     finally:
         stop(proc)
-    return {"short": args.short, "max_tokens": args.max_tokens, "messages": messages, "requests": requests}
+    return {"short": args.short, "max_tokens": args.max_tokens, **script}
 
 
 def load_script(args: argparse.Namespace, shape: cs.Shape, log) -> dict[str, Any]:

@@ -202,12 +202,38 @@ TURNS = (
     ("follow-up: rename", "With the Edit tool, rename the parameter threshold of low_stock to limit "
                           "(old_string: the whole low_stock function)."),
 )  # fmt: skip
-#: At most this many requests per user turn (the model calls a tool, sees its result, answers).
-MAX_REQUESTS_PER_TURN = 3
+#: Requests per user turn at most: the model calls a tool, then answers once it has the result
+#: (a call in that answer has its result sent with the next user message).
+MAX_REQUESTS_PER_TURN = 2
+
+#: The file of the finished exchange the session opens with.
+EXAMPLE_PATH = f"{WORKDIR}/math_ops.py"
+EXAMPLE_SOURCE = '''def mul(a, b):
+    """Return the product of a and b."""
+    return a * b
+
+
+def square(x):
+    """Return x times itself."""
+    return mul(x, x)
+'''
+_MUL = EXAMPLE_SOURCE.split("\n\n\n")[0]
+_SQUARE = EXAMPLE_SOURCE.split("\n\n\n")[1]
+#: (user's text, the assistant's call (name, input), its text after the result)
+EXAMPLE = (
+    ("Read math_ops.py with the Read tool.", ("Read", {"file_path": EXAMPLE_PATH}),
+     "math_ops.py defines mul, the product of two numbers, and square, which uses it."),
+    ("Rename mul to times in math_ops.py with the Edit tool.",
+     ("Edit", {"file_path": EXAMPLE_PATH, "old_string": _MUL, "new_string": _MUL.replace("def mul", "def times")}),
+     "Renamed mul to times."),
+    ("Create helpers.py with the Write tool, with a copy of square from math_ops.py.",
+     ("Write", {"file_path": f"{WORKDIR}/helpers.py", "content": _SQUARE}),
+     "Created helpers.py with square."),
+)  # fmt: skip
 
 
 def workspace() -> Workspace:
-    return Workspace({SOURCE_PATH: SOURCE}, dict(COMMANDS))
+    return Workspace({SOURCE_PATH: SOURCE, EXAMPLE_PATH: EXAMPLE_SOURCE}, dict(COMMANDS))
 
 
 def billing_block(index: int, seed: int = 0) -> dict[str, Any]:
@@ -225,6 +251,51 @@ def first_user(shape: Shape, prompt: str) -> list[dict[str, Any]]:
         },
         {"role": "system", "content": [{"type": "text", "text": shape.environment}]},
     ]
+
+
+def opening(shape: Shape, space: Workspace) -> list[dict[str, Any]]:
+    """The session so far: a finished exchange on another file (read it, an
+    edit that copies a function with a rename, a new file copying another),
+    its tools run on ``space``. A 0.5B model given Claude Code's prompt alone
+    writes edits without the code they change (``old_string`` just a name, a
+    Write without content); with an exchange before, as agents give small
+    models, it copies."""
+    messages: list[dict[str, Any]] = []
+    for i, (prompt, (name, args), after) in enumerate(EXAMPLE):
+        messages += first_user(shape, prompt) if not messages else [{"role": "user", "content": prompt}]
+        call = [{"type": "tool_use", "id": f"toolu_e{i + 1}", "name": name, "input": args}]
+        messages += [
+            {"role": "assistant", "content": call},
+            {"role": "user", "content": tool_results(space, call)},
+        ]
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": after}]})
+    return messages
+
+
+def run_session(shape: Shape, ask, max_tokens: int, log=print) -> dict[str, Any]:
+    """The session driven by ``ask(body) -> (text, calls, record)``: the
+    opening, then each user turn; every request's messages and answer."""
+    space = workspace()
+    messages, requests, pending, next_id = opening(shape, space), [], [], 1
+    for label, prompt in TURNS:
+        messages.append({"role": "user", "content": pending + [{"type": "text", "text": prompt}]})
+        pending = []
+        for step in range(MAX_REQUESTS_PER_TURN):
+            text, calls, record = ask(request_body(shape, messages, len(requests), max_tokens))
+            blocks = assistant_blocks(text, calls, next_id)
+            next_id += len(calls)
+            name = label if step == 0 else f"{label} / after the result"
+            requests.append({"label": name, "messages": len(messages), "answer": record})
+            log(f"{name}: {[c['name'] for c in calls]} {text[:200]!r}")
+            messages.append({"role": "assistant", "content": blocks or [{"type": "text", "text": ""}]})
+            if not calls:
+                break
+            results = tool_results(space, blocks)
+            if step + 1 == MAX_REQUESTS_PER_TURN:
+                pending = results
+            else:
+                messages.append({"role": "user", "content": results})
+    return {"messages": messages, "requests": requests}
 
 
 def request_body(
