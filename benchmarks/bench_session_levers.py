@@ -6,9 +6,11 @@ generated token, mean accepted length and the modelled speed-up, free of
 timing noise.
 
 Levers: *resume* (``CopyTrack``: after an edit such as a rename, drafts
-resume where the copy left off in its source) and *unnumbered views* (a
-Read result's numbered lines also given without their numbers, as is and
-JSON-quoted, as an edit's ``old_string`` copies them). The requests replay
+resume where the copy left off in its source) and the *views now*
+(``quoted_views``: a Read result's lines without their numbers, as an edit's
+``old_string`` copies them; each text also with only its line breaks
+escaped, as small models write code into a call; no system texts) against
+the views before (every long text JSON-quoted). The requests replay
 in order on one memory, each with the views its conversation gives, as the
 server adds them.
 
@@ -45,7 +47,7 @@ from hf2q_py.tools.replay import ReplayRow, Stream, load, replay_stream  # noqa:
 CONFIGS = (
     ("before: quoted views, no resume", False, False),
     ("+ resume", True, False),
-    ("+ unnumbered views", False, True),
+    ("+ views now", False, True),
     ("+ both", True, True),
 )
 
@@ -78,6 +80,8 @@ def replay_config(streams: list[Stream], views, resume: bool, numbered: bool, co
     for s, (before, now) in zip(streams, views):
         for tokens in now if numbered else before:
             memory.add(tokens)
+        if not s.output:  # an empty answer (the end token at once): nothing to replay
+            continue
         target = RecordedTarget(
             s.prompt, s.output, cost, cost.restart, memory, kept, frozenset(s.line_breaks)
         )

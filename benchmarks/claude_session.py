@@ -182,25 +182,17 @@ def low_stock(items, threshold=5):
     return [item.name for item in items if item.quantity < threshold]
 '''
 SOURCE_PATH = f"{WORKDIR}/inventory.py"
-#: What the simulated shell prints for the session's command.
-COMMANDS = {
-    "report.py": "apple: 3 x 0.50 = 1.50\npear: 10 x 0.25 = 2.50\ntotal: 4.00",
-}
+#: What the simulated shell prints for a command containing the key; any other prints nothing
+#: (report.py, holding a copied function, prints nothing when run).
+COMMANDS: dict[str, str] = {}
 #: The user's turns, in order.
 TURNS = (
-    ("read", "Read inventory.py with the Read tool and tell me briefly what it does."),
-    ("edit: rename", "Rename the function find_item to lookup_item in inventory.py with the Edit tool: old_string "
-                     "is the whole find_item function, new_string the same function renamed."),
-    ("edit: the call", "Now update the call in restock with the Edit tool: old_string is the whole restock "
-                       "function, new_string the same function calling lookup_item."),
-    ("write: new file", "Create report.py with the Write tool: copy the total_value function from inventory.py "
-                        "into it, then add a function print_report(items) that prints each item's name and "
-                        "value, and the total."),
+    ("read", "Read inventory.py with the Read tool."),
+    ("edit: rename", "Rename find_item to lookup_item in inventory.py with the Edit tool."),
+    ("write: new file", "Create report.py with the Write tool, with a copy of total_value from inventory.py."),
     ("bash: run", "Run python3 report.py with the Bash tool."),
-    ("follow-up: edit", "With the Edit tool, make restock in inventory.py raise ValueError when amount is "
-                        "negative (old_string: the whole restock function)."),
-    ("follow-up: rename", "With the Edit tool, rename the parameter threshold of low_stock to limit "
-                          "(old_string: the whole low_stock function)."),
+    ("follow-up: rename", "Rename restock to refill in inventory.py with the Edit tool."),
+    ("follow-up: rename again", "Rename low_stock to short_items in inventory.py with the Edit tool."),
 )  # fmt: skip
 #: Requests per user turn at most: the model calls a tool, then answers once it has the result
 #: (a call in that answer has its result sent with the next user message).
@@ -221,6 +213,8 @@ _MUL = EXAMPLE_SOURCE.split("\n\n\n")[0]
 _SQUARE = EXAMPLE_SOURCE.split("\n\n\n")[1]
 #: (user's text, the assistant's call (name, input), its text after the result)
 EXAMPLE = (
+    ("Run python3 math_ops.py with the Bash tool.", ("Bash", {"command": "python3 math_ops.py"}),
+     "math_ops.py ran and printed nothing."),
     ("Read math_ops.py with the Read tool.", ("Read", {"file_path": EXAMPLE_PATH}),
      "math_ops.py defines mul, the product of two numbers, and square, which uses it."),
     ("Rename mul to times in math_ops.py with the Edit tool.",

@@ -78,7 +78,7 @@ def _finish(answer: Answer, reader: ToolUse, server_calls: list[dict[str, Any]])
     content, calls = split_answer(reader, answer.text)
     answer.called_by_server = bool(server_calls)
     answer.text = content or ""
-    answer.calls = server_calls + [{"name": c.name, "arguments": json.loads(c.arguments)} for c in calls]
+    answer.calls = server_calls + [{"name": c.name, "arguments": c.input()} for c in calls]
     return answer
 
 

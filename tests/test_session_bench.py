@@ -68,7 +68,8 @@ def test_the_tools_answer_as_claude_code_does():
         f"File created successfully at: {cs.WORKDIR}/report.py",
         False,
     )
-    assert space.run("Bash", {"command": "python3  report.py"})[0].startswith("apple:")
+    space.commands["report.py"] = "total: 4.00"
+    assert space.run("Bash", {"command": "python3  report.py"}) == ("total: 4.00", False)
     assert space.run("Bash", {"command": "ls"}) == ("(Bash completed with no output)", False)
     assert space.run("Grep", {})[1]
 

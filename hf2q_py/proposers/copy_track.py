@@ -27,6 +27,10 @@ WINDOW = 32
 MAX_GAP = 16
 #: Consecutive disagreeing tokens after which the copy is given up.
 MAX_MISS = 8
+#: The deepest automaton match that resumed drafts override.
+MAX_DEPTH = 2
+#: Tokens in agreement with the source since an edit before its drafts resume.
+MIN_AGREE = 1
 
 
 class CopyTrack:
@@ -62,6 +66,8 @@ class CopyTrack:
             self.edit, self.broke = self.pos, i
         self.miss += 1
         self.run = 0
+        if self.miss >= MAX_MISS:  # given up: only a new run of MIN_RUN tokens brings it back
+            self.ran = 0
         j = self._find(token)
         if j is not None:  # the source goes on with this token a little further: re-synced
             self.pos, self.run, self.miss = j + 1, 1, 0
@@ -82,13 +88,14 @@ class CopyTrack:
         """Whether drafts for a context of ``length`` tokens, whose longest
         earlier suffix is ``depth`` deep, should come from the copy: it ran
         ``MIN_RUN`` tokens, an edit began at most ``MAX_GAP`` tokens ago,
-        fewer than ``MAX_MISS`` tokens in a row disagreed, and the match
-        does not reach back before the edit (one that does found the edit's
-        own text earlier, and knows better)."""
-        if self.broke is None or self.ran < MIN_RUN or self.miss >= MAX_MISS:
+        the latest ``MIN_AGREE`` tokens agree with the source, and the
+        automaton's match is at most ``MAX_DEPTH`` deep and does not reach
+        back before the edit (one that does found the edit's own text
+        earlier, and knows better)."""
+        if self.broke is None or self.ran < MIN_RUN or self.run < MIN_AGREE:
             return False
         since = length - self.broke
-        return since <= MAX_GAP and depth <= since
+        return since <= MAX_GAP and depth <= min(since, MAX_DEPTH)
 
     def drafts(self, n: int) -> list[int]:
         """Up to ``n`` tokens of the source from the copy's place, ending

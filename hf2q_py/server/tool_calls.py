@@ -353,21 +353,24 @@ def unnumbered(text: str) -> str | None:
 
 
 def quoted_views(messages: Sequence[dict[str, Any]]) -> list[str]:
-    """Long message texts (a tool's result, a pasted file) as a tool call's
-    JSON arguments quote them: a call that writes a file back copies it with
-    its line breaks and quotes escaped, which the text in the conversation
-    does not show. Only texts that escaping changes are given. A file shown
-    with numbered lines (a Read result) is also given without the numbers,
-    as is and quoted: an edit's ``old_string`` copies the lines, not the
-    numbers."""
-    out = []
+    """Long message texts (a tool's result, a pasted file; not system texts,
+    which calls do not quote and whose billing nonce changes every request)
+    as a tool call's JSON arguments quote them: a call that writes a file
+    back copies it with its line breaks and quotes escaped, which the text
+    in the conversation does not show. Each text is given JSON-quoted and,
+    where it holds quotes or backslashes, with only its line breaks and tabs
+    escaped (how small models write code into a call: Qwen2.5-Coder 0.5B
+    leaves a docstring's quotes unescaped). A file shown with numbered lines
+    (a Read result) is given without the numbers: an edit's ``old_string``
+    copies the lines, not the numbers. Only views that differ from the text
+    are given."""
+    out: list[str] = []
     for m in messages:
         text = m.get("content")
-        if not isinstance(text, str) or len(text) < MIN_QUOTED:
+        if m.get("role") == "system" or not isinstance(text, str) or len(text) < MIN_QUOTED:
             continue
-        plain = unnumbered(text)
-        for t, as_is in ((text, False), *(((plain, True),) if plain else ())):
-            quoted = json.dumps(t, ensure_ascii=False)[1:-1]
-            out += [t] if as_is else []
-            out += [quoted] if quoted != t else []
+        t = unnumbered(text) or text
+        quoted = json.dumps(t, ensure_ascii=False)[1:-1]
+        half = t.replace("\n", "\\n").replace("\t", "\\t")
+        out += [v for v in dict.fromkeys((quoted, half)) if v != text]
     return out
