@@ -190,7 +190,7 @@ TURNS = (
     ("read", "Read inventory.py with the Read tool."),
     ("edit: rename", "Rename find_item to lookup_item in inventory.py with the Edit tool."),
     ("write: new file", "Create report.py with the Write tool, with a copy of total_value from inventory.py."),
-    ("bash: run", "Run python3 report.py with the Bash tool."),
+    ("bash: run", "Use the Bash tool to run python3 report.py."),
     ("follow-up: rename", "Rename restock to refill in inventory.py with the Edit tool."),
     ("follow-up: rename again", "Rename low_stock to short_items in inventory.py with the Edit tool."),
 )  # fmt: skip
@@ -213,8 +213,6 @@ _MUL = EXAMPLE_SOURCE.split("\n\n\n")[0]
 _SQUARE = EXAMPLE_SOURCE.split("\n\n\n")[1]
 #: (user's text, the assistant's call (name, input), its text after the result)
 EXAMPLE = (
-    ("Run python3 math_ops.py with the Bash tool.", ("Bash", {"command": "python3 math_ops.py"}),
-     "math_ops.py ran and printed nothing."),
     ("Read math_ops.py with the Read tool.", ("Read", {"file_path": EXAMPLE_PATH}),
      "math_ops.py defines mul, the product of two numbers, and square, which uses it."),
     ("Rename mul to times in math_ops.py with the Edit tool.",
