@@ -105,9 +105,10 @@ def _ready(body: bytes) -> bool:
     return not (isinstance(health, dict) and health.get("warming_up"))
 
 
-def ask(name: str, url: str, body: dict[str, Any], reader) -> Answer:
-    if name == "mlx_lm.server":
-        return chat_call(url, cs.openai_request(body), reader)
+def ask(name: str, url: str, body: dict[str, Any], reader, chat: bool = False) -> Answer:
+    """One request: mlx_lm.server (and mlx-dspark with ``chat``) through chat completions."""
+    if name == "mlx_lm.server" or chat:
+        return chat_call(url, cs.openai_request(body, "default_model" if name == "mlx_lm.server" else body["model"]), reader)  # fmt: skip
     return messages_call(url, body, reader)
 
 
@@ -122,19 +123,23 @@ def record_script(args: argparse.Namespace, shape: cs.Shape, log) -> dict[str, A
 
     proc, url = start("hf2q-py", args, log, method="baseline")
     try:
-        script = cs.run_session(shape, ask, args.max_tokens, log=lambda line: print(f"recorded {line}", file=sys.stderr, flush=True))  # fmt: skip
+        log_line = lambda line: print(f"recorded {line}", file=sys.stderr, flush=True)  # noqa: E731
+        script = cs.run_session(shape, ask, args.max_tokens, log=log_line, turns=args.turns)
     finally:
         stop(proc)
-    return {"short": args.short, "max_tokens": args.max_tokens, **script}
+    return {"session": cs.fingerprint(shape), "short": args.short, "max_tokens": args.max_tokens, "turns": args.turns, **script}  # fmt: skip
 
 
 def load_script(args: argparse.Namespace, shape: cs.Shape, log) -> dict[str, Any]:
-    """The recorded conversation from ``--script`` when it matches, else recorded (and saved there)."""
+    """The recorded conversation from ``--script`` when it was made from this
+    session with these settings, else recorded (and saved there)."""
     path = Path(args.script) if args.script else None
+    want = (cs.fingerprint(shape), args.short, args.max_tokens, args.turns)
     if path is not None and path.is_file():
         script = json.loads(path.read_text(encoding="utf-8"))
-        if script.get("short") == args.short and script.get("max_tokens") == args.max_tokens:
+        if tuple(script.get(k) for k in ("session", "short", "max_tokens", "turns")) == want:
             return script
+        print(f"{path}: recorded from another session or settings: recording again", file=sys.stderr)
     script = record_script(args, shape, log)
     if path is not None:
         path.write_text(json.dumps(script, ensure_ascii=False, indent=1), encoding="utf-8")
@@ -152,10 +157,12 @@ def bodies(
 
 
 # -- running the servers -------------------------------------------------------------------------
-def session(name: str, url: str, requests: list[dict[str, Any]], reader) -> list[dict[str, Any]]:
+def session(
+    name: str, url: str, requests: list[dict[str, Any]], reader, chat: bool = False
+) -> list[dict[str, Any]]:
     out = []
     for i, body in enumerate(requests):
-        a = ask(name, url, body, reader)
+        a = ask(name, url, body, reader, chat)
         out.append(a.record())
         print(f"  {name} request {i + 1}/{len(requests)}: ttft {a.ttft:.1f} s, total {a.total:.1f} s, "
               f"{a.output_tokens} tokens, cached {a.cached_tokens}", file=sys.stderr, flush=True)  # fmt: skip
@@ -178,7 +185,9 @@ def run_servers(args: argparse.Namespace, shape: cs.Shape, requests: list[dict],
         cache = tmp / f"cache-{name}"
         proc, url = start(name, args, log, cache if name == "hf2q-py" else None)
         try:
-            runs[name] = session(name, url, requests, reader)
+            runs[name] = session(
+                name, url, requests, reader, name == "mlx-dspark" and args.dspark_api == "chat"
+            )
         finally:
             stop(proc)
         print(f"{name}: {sum(x['total'] for x in runs[name]):.1f} s", file=sys.stderr, flush=True)
@@ -242,13 +251,13 @@ def summary_table(runs: dict, script: dict) -> dict:
         later = runs[n][1:]
         hit = [x["cached_tokens"] / x["prompt_tokens"] for x in later if x.get("cached_tokens") is not None and x["prompt_tokens"]]  # fmt: skip
         rows.append([
-            n, f"{t:.2f}", f"{runs[n][0]['ttft']:.2f}", f"{t - runs[n][0]['total']:.2f}",
+            n, f"{t:.2f}", f"{runs[n][0]['ttft']:.2f}", f"{t - runs[n][0]['total']:.2f}", str(runs[n][0]["prompt_tokens"]),
             f"{min(hit):.1%}" if hit else "-",
             f"{totals[faster] / t:.2f}x" if faster else "-", "yes" if all(_same(runs[n], script)) else "NO",
         ])  # fmt: skip
-    cols = ["server", "session s", "first request TTFT s", "later requests s",
+    cols = ["server", "session s", "first request TTFT s", "later requests s", "first request's prompt tokens",
             "least read from cache (later requests)", f"speed-up over {faster or 'the faster peer'}", "identical"]  # fmt: skip
-    return results.table(cols, rows, "lrrrrrl", title="The session end to end")
+    return results.table(cols, rows, "lrrrrrrl", title="The session end to end")
 
 
 def speculation_table(runs: dict, script: dict) -> dict:
@@ -301,9 +310,14 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--servers", default=",".join(SERVERS), help=f"comma-separated, of {', '.join(SERVERS)}")
     ap.add_argument("--short", action="store_true", help="the trimmed session (for development)")
     ap.add_argument("--max-tokens", type=int, default=512, help="each request's max_tokens (default 512)")
+    ap.add_argument("--turns", type=int, default=None, help="only the first N user turns (default: all)")
     ap.add_argument(
         "--script", default=None, help="the recorded conversation: read if it matches, else written"
     )
+    ap.add_argument("--dspark-api", choices=("messages", "chat"), default="messages",
+                    help="mlx-dspark's API: messages (/v1/messages, as Claude Code talks to it; it folds the "
+                    "environment message into the user's turn, so its prompt differs) or chat (the requests as "
+                    "mlx_lm.server gets them: the same prompt as hf2q-py's)")  # fmt: skip
     ap.add_argument("--fixed-nonce", action="store_true",
                     help="send every request with the same billing nonce (as a proxy that strips it would), "
                     "so the peers' own prompt caches can hit")  # fmt: skip
@@ -315,8 +329,8 @@ def parse_args() -> argparse.Namespace:
     args.servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     if unknown := [s for s in args.servers if s not in SERVERS]:
         raise Hf2qError(f"--servers: unknown {', '.join(unknown)} (known: {', '.join(SERVERS)})")
-    if args.max_tokens < 1:
-        raise Hf2qError("--max-tokens must be >= 1")
+    if args.max_tokens < 1 or (args.turns is not None and args.turns < 1):
+        raise Hf2qError("--max-tokens and --turns must be >= 1")
     if not args.gguf.is_file():
         raise Hf2qError(f"--gguf: no file {args.gguf} (see benchmarks/qwen_gguf.py)")
     for path, what in ((args.results, "--results file"), (args.streams, "--streams file")):
@@ -350,7 +364,8 @@ def main() -> None:
     notes = (
         f"Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF: hf2q-py serve from the GGUF (float32, its defaults: method "
         f"ngram, memory, prompt cache in memory and on disk, a new cache folder per server), mlx-dspark 0.20.3 "
-        f"serve --mode lookup and mlx_lm.server from the same weights saved as an MLX folder (float32); OpenBLAS "
+        f"serve --mode lookup (through {'chat completions' if args.dspark_api == 'chat' else '/v1/messages'}) and "
+        f"mlx_lm.server from the same weights saved as an MLX folder (float32); OpenBLAS "
         f"in all three. {len(requests)} requests of one session ({kind}), "
         f"{'all with one billing nonce (--fixed-nonce)' if args.fixed_nonce else 'each with a new billing nonce'}, "
         f"streamed, greedy, max_tokens {args.max_tokens}; the conversation is plain decoding's (hf2q-py, method "

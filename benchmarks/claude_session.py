@@ -190,9 +190,9 @@ TURNS = (
     ("read", "Read inventory.py with the Read tool."),
     ("edit: rename", "Rename find_item to lookup_item in inventory.py with the Edit tool."),
     ("write: new file", "Create report.py with the Write tool, with a copy of total_value from inventory.py."),
-    ("bash: run", "Use the Bash tool to run python3 report.py."),
     ("follow-up: rename", "Rename restock to refill in inventory.py with the Edit tool."),
     ("follow-up: rename again", "Rename low_stock to short_items in inventory.py with the Edit tool."),
+    ("bash: run", "Use the Bash tool to run python3 report.py."),
 )  # fmt: skip
 #: Requests per user turn at most: the model calls a tool, then answers once it has the result
 #: (a call in that answer has its result sent with the next user message).
@@ -226,6 +226,17 @@ EXAMPLE = (
 
 def workspace() -> Workspace:
     return Workspace({SOURCE_PATH: SOURCE, EXAMPLE_PATH: EXAMPLE_SOURCE}, dict(COMMANDS))
+
+
+def fingerprint(shape: Shape) -> str:
+    """A digest of everything the session's requests are made of (the shape,
+    the opening, the turns, the files): a recorded conversation made from
+    other parts does not match."""
+    import hashlib
+
+    parts = [shape.system, shape.reminder, shape.environment, shape.tools, shape.extra, EXAMPLE, EXAMPLE_SOURCE,
+             SOURCE, TURNS, COMMANDS, BILLING, MAX_REQUESTS_PER_TURN]  # fmt: skip
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def billing_block(index: int, seed: int = 0) -> dict[str, Any]:
@@ -264,12 +275,13 @@ def opening(shape: Shape, space: Workspace) -> list[dict[str, Any]]:
     return messages
 
 
-def run_session(shape: Shape, ask, max_tokens: int, log=print) -> dict[str, Any]:
+def run_session(shape: Shape, ask, max_tokens: int, log=print, turns: int | None = None) -> dict[str, Any]:
     """The session driven by ``ask(body) -> (text, calls, record)``: the
-    opening, then each user turn; every request's messages and answer."""
+    opening, then each user turn (the first ``turns``); every request's
+    messages and answer."""
     space = workspace()
     messages, requests, pending, next_id = opening(shape, space), [], [], 1
-    for label, prompt in TURNS:
+    for label, prompt in TURNS[:turns]:
         messages.append({"role": "user", "content": pending + [{"type": "text", "text": prompt}]})
         pending = []
         for step in range(MAX_REQUESTS_PER_TURN):
@@ -327,11 +339,12 @@ def assistant_blocks(text: str, calls: list[dict[str, Any]], first_id: int) -> l
     return blocks
 
 
-def openai_request(body: dict[str, Any]) -> dict[str, Any]:
+def openai_request(body: dict[str, Any], model: str = "default_model") -> dict[str, Any]:
     """A Messages request as a proxy sends it on to chat completions: the
     system blocks joined (billing line included, as sent), blocks to chat
     messages as hf2q-py's own Messages API reads them, calls' arguments as
-    JSON text, tools as functions."""
+    JSON text, tools as functions; ``model``: the name the server answers to
+    (mlx_lm.server loads any other name it is given)."""
     from hf2q_py.server.anthropic_protocol import MessagesRequest, conversation
 
     conv = conversation(MessagesRequest.model_validate({**body, "stream": False}))
@@ -352,7 +365,7 @@ def openai_request(body: dict[str, Any]) -> dict[str, Any]:
             m["content"] = m.get("content") or None
         messages.append(m)
     return {
-        "model": body["model"],
+        "model": model,
         "messages": messages,
         "tools": conv.tools,
         "max_tokens": body["max_tokens"],

@@ -117,3 +117,8 @@ def test_every_servers_answer_is_read_as_text_and_calls_the_same_way(shape):
     assert fenced.same(parsed) and parsed.called_by_server and not fenced.called_by_server
     other = _finish(Answer(text='```json\n{"name": "Nope", "arguments": {}}\n```'), reader, [])
     assert other.calls == [] and not other.same(parsed)
+
+
+def test_a_recorded_conversation_is_matched_to_the_session_it_was_made_from(shape):
+    assert cs.fingerprint(shape) == cs.fingerprint(cs.claude_code_shape())
+    assert cs.fingerprint(shape) != cs.fingerprint(cs.claude_code_shape(short=True))
