@@ -56,9 +56,11 @@ def tool_reader(tools: list[dict[str, Any]]) -> ToolUse:
 
 
 def _events(response: requests.Response):
-    """Server-sent events as (name, data) pairs; ``data`` parsed as JSON."""
+    """Server-sent events as (name, data) pairs; ``data`` parsed as JSON. Read
+    byte by byte, as they come: a server that does not chunk its stream
+    (mlx_lm.server, mlx-dspark) would be read to its end by a larger read."""
     name, data = None, []
-    for line in response.iter_lines(chunk_size=None, decode_unicode=True):
+    for line in response.iter_lines(chunk_size=1, decode_unicode=True):
         if not line:
             if data:
                 text = "\n".join(data)
