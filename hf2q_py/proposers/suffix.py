@@ -39,13 +39,14 @@ RESUME = "resume"
 class SuffixOptions:
     """How drafts are sized. A draft stops where its probability falls below
     ``min_prob``, and is at most ``factor * match + offset`` tokens long (the
-    engine's K caps it too): a short match earns a short draft."""
+    engine's K caps it too): a short match earns a short draft. ``resume``:
+    follow a copy through an edit and resume drafting from it (``CopyTrack``)."""
 
     min_prob: float = 0.1
     factor: float = 2.0
     offset: int = 2
     min_match: int = 1
-    resume: bool = True  # follow a copy through an edit (``CopyTrack``)
+    resume: bool = True
 
     def validate(self) -> None:
         if not 0.0 <= self.min_prob <= 1.0:
@@ -88,10 +89,7 @@ class SuffixProposer(Proposer):
                 for d, p in {1: 0.5, 2: 0.7, 3: 0.8, 4: 0.85, 8: 0.85, 16: 0.9, 32: 0.95}.items()
                 for line in (False, True)
             },
-            **{
-                (RESUME, d): p
-                for d, p in {0: (0.5, 0.9), 1: (0.6, 0.9), 2: 0.8, 3: 0.85, 4: 0.9, 8: 0.93, 16: 0.95}.items()
-            },
+            **{(RESUME, d): p for d, p in {1: (0.6, 0.9), 2: 0.8, 3: 0.85, 4: 0.9, 8: 0.93}.items()},
         }
     )
 
