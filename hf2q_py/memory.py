@@ -49,6 +49,7 @@ class DraftMemory:
 
     def _rebuild(self) -> None:
         self.sam = SuffixAutomaton()
+        self.flat: list[int] = []  # every entry's tokens and separator, in SAM order
         self._starts: list[int] = []  # SAM position where each laid-out entry starts
         self._layout: list[int] = []  # entry ids in SAM order
         self.version += 1
@@ -60,6 +61,8 @@ class DraftMemory:
         self._layout.append(eid)
         self.sam.extend(toks)
         self.sam.extend((-1 - eid,))
+        self.flat.extend(toks)
+        self.flat.append(-1 - eid)
 
     def add(self, tokens: Sequence[int], generated: int | None = None) -> None:
         """Remember one generation (its first ``max_tokens`` tokens), whose

@@ -354,6 +354,21 @@ def test_long_texts_are_given_as_a_call_would_quote_them():
     code = 'def add(a, b):\n    """Sum."""\n    return a + b\n' * 3
     plain = "x" * (MIN_QUOTED + 10)  # escaping changes nothing: no second view
     views = quoted_views([{"role": "tool", "content": code}, {"role": "user", "content": plain},
-                          {"role": "user", "content": "short\n"}])  # fmt: skip
-    assert views == [json.dumps(code)[1:-1]]
-    assert "\\n" in views[0] and '\\"' in views[0]
+                          {"role": "user", "content": "short\n"}, {"role": "system", "content": code * 2}])  # fmt: skip
+    half = code.replace("\n", "\\n")  # line breaks escaped, quotes left as they are
+    assert views == [json.dumps(code)[1:-1], half]
+    assert "\\n" in views[0] and '\\"' in views[0] and '\\"' not in views[1]
+
+
+def test_a_file_shown_with_numbered_lines_is_given_without_the_numbers():
+    """Claude Code's Read returns ``cat -n`` lines; an edit's old_string copies
+    the lines without their numbers, so the views are of the lines alone."""
+    from hf2q_py.server.tool_calls import quoted_views, unnumbered
+
+    code = 'def add(a, b):\n    """Sum."""\n    return a + b\n'
+    shown = "\n".join(f"{i + 1:>6}\t{line}" for i, line in enumerate(code.splitlines()))
+    assert unnumbered(shown) == code
+    assert unnumbered("no numbers here\nat all") is None
+    assert unnumbered("     1\tone line only") is None
+    views = quoted_views([{"role": "tool", "content": shown}])
+    assert views == [json.dumps(code)[1:-1], code.replace("\n", "\\n")]

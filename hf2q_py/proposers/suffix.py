@@ -14,6 +14,7 @@ from ..automaton import SuffixAutomaton
 from ..draft_length.profile import DraftProfile
 from ..errors import Hf2qError
 from .base import Draft, Proposer
+from .copy_track import MIN_RUN, CopyTrack
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..memory import DraftMemory
@@ -29,18 +30,23 @@ def depth_class(depth: int) -> int:
 
 #: The highest prior rate of an unsplit copy's first draft at a line start.
 LINE_START_RATE = 0.8
+#: The first part of the draft key of drafts resumed from a copy after an edit
+#: (``(RESUME, depth_class(tokens in agreement since the edit))``).
+RESUME = "resume"
 
 
 @dataclass
 class SuffixOptions:
     """How drafts are sized. A draft stops where its probability falls below
     ``min_prob``, and is at most ``factor * match + offset`` tokens long (the
-    engine's K caps it too): a short match earns a short draft."""
+    engine's K caps it too): a short match earns a short draft. ``resume``:
+    follow a copy through an edit and resume drafting from it (``CopyTrack``)."""
 
     min_prob: float = 0.1
     factor: float = 2.0
     offset: int = 2
     min_match: int = 1
+    resume: bool = True
 
     def validate(self) -> None:
         if not 0.0 <= self.min_prob <= 1.0:
@@ -83,6 +89,7 @@ class SuffixProposer(Proposer):
                 for d, p in {1: 0.5, 2: 0.7, 3: 0.8, 4: 0.85, 8: 0.85, 16: 0.9, 32: 0.95}.items()
                 for line in (False, True)
             },
+            **{(RESUME, d): p for d, p in {1: (0.6, 0.9), 2: 0.8, 3: 0.85, 4: 0.9, 8: 0.93}.items()},
         }
     )
 
@@ -106,6 +113,8 @@ class SuffixProposer(Proposer):
         self._mem_version = -1
         self._best: tuple[int, int, int] | None = None  # (source, state, depth); source 0 context, 1 memory
         self.source_used: int | None = None  # the source of the latest drafts
+        self.copy: CopyTrack | None = None  # the copy in progress, followed through edits
+        self._copy_source = 0
 
     def _sync(self, tokens: Sequence[int]) -> tuple[int, int, int]:
         have = len(self.tokens)
@@ -121,10 +130,14 @@ class SuffixProposer(Proposer):
             self._mem_version = mem.version
             self._mem_state = (0, 0)
             new_for_memory = self.tokens[-mem.window :] + list(new_for_memory)
+            if self._copy_source == 1:
+                self.copy = None  # its positions were in the memory as it was
         if have < len(tokens) or self._best is None or remembered:
             new = list(tokens[have:])
             self.tokens.extend(new)
             self.sam.extend(new)
+            if self.copy is not None:
+                self.copy.advance(self.tokens)
             sam = self.sam
             state = sam.link[sam.last] if sam.last else 0
             best = (0, state, sam.length[state] if state > 0 else 0)
@@ -151,7 +164,14 @@ class SuffixProposer(Proposer):
         context or the memory): the length of the match a draft copies from."""
         return self._sync(tokens)[2]
 
+    def _resuming(self, tokens: Sequence[int]) -> bool:
+        """Whether the drafts come from the copy followed through an edit (``CopyTrack.resumes``)."""
+        depth = self._sync(tokens)[2]
+        return self.copy is not None and self.copy.resumes(depth, len(tokens))
+
     def draft_key(self, tokens: Sequence[int]) -> Hashable:
+        if self._resuming(tokens):
+            return RESUME, depth_class(self.copy.run)
         source, state, depth = self._sync(tokens)
         if depth < self.options.min_match:
             return 0
@@ -159,8 +179,16 @@ class SuffixProposer(Proposer):
         return depth_class(depth), sam.split(state), tokens[-1] in self.line_breaks
 
     def propose(self, tokens: Sequence[int], k: int) -> Draft:
-        source, state, depth = self._sync(tokens)
         o = self.options
+        if self._resuming(tokens):
+            copy = self.copy
+            drafts = copy.drafts(min(k, int(o.factor * copy.ran) + o.offset))
+            if drafts:
+                self.source_used = self._copy_source
+                if self._copy_source == 1:
+                    self.memory.touch(copy.pos + 1)
+                return Draft(drafts)
+        source, state, depth = self._sync(tokens)
         if depth < o.min_match:
             return Draft()
         max_len = min(k, int(o.factor * depth) + o.offset)
@@ -169,6 +197,12 @@ class SuffixProposer(Proposer):
         self.source_used = source
         if source == 1 and drafts:
             self.memory.touch(sam.end[reached])
+        if drafts and depth >= MIN_RUN and o.resume:  # a copy in progress: follow it
+            seq = self.tokens if source == 0 else self.memory.flat
+            self.copy, self._copy_source = (
+                CopyTrack(seq, sam.end[reached] - len(drafts), len(tokens), depth),
+                source,
+            )
         return Draft(drafts)
 
     def finish(self, tokens: Sequence[int]) -> None:

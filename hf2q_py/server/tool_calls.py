@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import secrets
 import string
 import uuid
@@ -355,18 +356,37 @@ def _hf_tokenizer(tokenizer: Any) -> Any:
 
 #: Message texts shorter than this are not worth drafting from in quoted form.
 MIN_QUOTED = 64
+#: A line as ``cat -n`` numbers it (Claude Code's Read): spaces, the number, a tab.
+_NUMBERED = re.compile(r" *\d+\t")
+
+
+def unnumbered(text: str) -> str | None:
+    """A file shown with numbered lines (``cat -n``, as Claude Code's Read
+    returns it) as the file itself: the numbered lines without their
+    numbers. None when fewer than two lines are numbered."""
+    lines = [line[m.end() :] for line in text.split("\n") if (m := _NUMBERED.match(line))]
+    return "\n".join(lines) + "\n" if len(lines) >= 2 else None
 
 
 def quoted_views(messages: Sequence[dict[str, Any]]) -> list[str]:
-    """Long message texts (a tool's result, a pasted file) as a tool call's
-    JSON arguments quote them: a call that writes a file back copies it with
-    its line breaks and quotes escaped, which the text in the conversation
-    does not show. Only texts that escaping changes are given."""
-    out = []
+    """Long message texts (a tool's result, a pasted file; not system texts,
+    which calls do not quote and whose billing nonce changes every request)
+    as a tool call's JSON arguments quote them: a call that writes a file
+    back copies it with its line breaks and quotes escaped, which the text
+    in the conversation does not show. Each text is given JSON-quoted and,
+    where it holds quotes or backslashes, with only its line breaks and tabs
+    escaped (how small models write code into a call: Qwen2.5-Coder 0.5B
+    leaves a docstring's quotes unescaped). A file shown with numbered lines
+    (a Read result) is given without the numbers: an edit's ``old_string``
+    copies the lines, not the numbers. Only views that differ from the text
+    are given."""
+    out: list[str] = []
     for m in messages:
         text = m.get("content")
-        if isinstance(text, str) and len(text) >= MIN_QUOTED:
-            quoted = json.dumps(text, ensure_ascii=False)[1:-1]
-            if quoted != text:
-                out.append(quoted)
+        if m.get("role") == "system" or not isinstance(text, str) or len(text) < MIN_QUOTED:
+            continue
+        t = unnumbered(text) or text
+        quoted = json.dumps(t, ensure_ascii=False)[1:-1]
+        half = t.replace("\n", "\\n").replace("\t", "\\t")
+        out += [v for v in dict.fromkeys((quoted, half)) if v != text]
     return out

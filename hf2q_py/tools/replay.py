@@ -59,6 +59,9 @@ class Stream:
     output: list[int]
     session: str | None = None  # streams of one session share a memory, in order
     line_breaks: list[int] = field(default_factory=list)  # its vocabulary's line-break tokens
+    drafting: list[list[int]] = field(
+        default_factory=list
+    )  # more texts to draft from (a server's quoted views)
 
 
 @dataclass
@@ -151,6 +154,8 @@ class _Replayer:
         if self.cold and first:
             self.kept = Kept()
         memory = self.memories.setdefault(s.session, DraftMemory()) if s.session else DraftMemory()
+        for tokens in s.drafting:  # as the scheduler adds a request's drafting sources
+            memory.add(tokens)
         return RecordedTarget(
             s.prompt, s.output, self.cost, self.cost.restart, memory, self.kept, frozenset(s.line_breaks)
         )
@@ -245,6 +250,8 @@ def key_survival(streams: Sequence[Stream], k_max: int = 32) -> dict[Hashable, l
     memories: dict[str, DraftMemory] = {}
     for s in streams:
         memory = memories.setdefault(s.session, DraftMemory()) if s.session else DraftMemory()
+        for extra in s.drafting:
+            memory.add(extra)
         proposer = _uncut(memory, s.line_breaks, k_max)
         tokens = list(s.prompt)
         proposer.start(None, tokens, {}, None)
