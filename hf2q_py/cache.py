@@ -29,7 +29,7 @@ from mlx_lm.models.cache import create_attention_mask as _causal_mask
 
 from . import kv as stores
 from .errors import UnsupportedModelError
-from .kv import FULL_PRECISION, FullPrecisionPrefix, KVConfig, QuantizedPhases
+from .kv import FULL_PRECISION, FullPrecisionPrefix, KVConfig, LayerShape, QuantizedPhases
 
 DEFAULT_SLACK = 64
 
@@ -317,3 +317,22 @@ def restore_layer(cache: Any, state: LayerState, n: int) -> None:
         if cache.prefix is not None and state.prefix:
             p = min(state.prefix, n)
             cache.prefix.restore(state.arrays[2][..., :p, :], state.arrays[3][..., :p, :], p)
+
+
+def layer_shapes(target: Any) -> tuple[LayerShape, ...]:
+    """Each layer cache's shape, read from a 1-token forward that is built
+    lazily and never evaluated (no compute, no memory)."""
+    caches = make_cache(target.model, kv=FULL_PRECISION)
+    target.model(mx.zeros((1, 1), dtype=mx.uint32), cache=caches)
+    out = []
+    for c in caches:
+        if isinstance(c, ArraysCache):
+            out.append(LayerShape("recurrent", fixed_bytes=sum(a.nbytes for a in c.cache if a is not None)))
+            continue
+        if c.keys is None:  # a layer the forward never reached
+            continue
+        k, v = c.keys, c.values
+        window = c.window if isinstance(c, SlidingWindowCache) else 0
+        out.append(LayerShape("window" if window else "kv", k.shape[1], k.shape[3], v.shape[3], window,
+                              dtype=k.dtype))  # fmt: skip
+    return tuple(out)

@@ -30,7 +30,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import mlx.core as mx
 import numpy as np
@@ -43,10 +43,22 @@ from .disk_writer import NAME, DiskStats, Job, Writer
 from .errors import Hf2qError, one_line
 from .prompt_cache import Snapshot
 
-if TYPE_CHECKING:
-    from .target import Target
 
 log = logging.getLogger("hf2q_py.prompt_cache")
+
+
+class CacheOwner(Protocol):
+    """What the disk tier reads of its model (``hf2q_py.target.Target``): its
+    identity, KV layout, sharding, and a runtime to probe its states' layout."""
+
+    @property
+    def identity(self) -> str: ...
+
+    kv: Any
+    sharding: Any
+
+    def runtime(self) -> Any: ...
+
 
 BLOCK_TOKENS = 128
 MIN_TOKENS = 256
@@ -122,7 +134,7 @@ class DiskCache:
 
     def __init__(
         self,
-        target: Target,
+        target: CacheOwner,
         directory: str | Path,
         max_bytes: int | None = DEFAULT_MAX_BYTES,
         *,
@@ -486,7 +498,7 @@ def _mlx(data: np.ndarray, code: str) -> mx.array:
     return a.view(mx.bfloat16) if code == "BF16" else a
 
 
-def save_snapshots(target: Target, path: str | Path, snapshots: Sequence[Snapshot]) -> int:
+def save_snapshots(target: CacheOwner, path: str | Path, snapshots: Sequence[Snapshot]) -> int:
     """Write ``snapshots`` of ``target`` to the folder ``path`` (made if
     needed), waiting until they are on disk; returns how many."""
     disk = DiskCache(target, path, max_bytes=None, min_tokens=1)
@@ -503,7 +515,7 @@ def save_snapshots(target: Target, path: str | Path, snapshots: Sequence[Snapsho
     return len(snapshots)
 
 
-def load_snapshots(target: Target, path: str | Path) -> list[Snapshot]:
+def load_snapshots(target: CacheOwner, path: str | Path) -> list[Snapshot]:
     """Every snapshot saved in the folder ``path`` for ``target`` (one per
     tail, with the blocks it follows). Raises ``Hf2qError`` naming the file
     for any file that is corrupt, truncated, incomplete or not this model's."""
@@ -562,7 +574,7 @@ class StrictReader:
         return parts.snapshot(tokens, len(tokens))
 
 
-def probe_layout(target: Target) -> Layout:
+def probe_layout(target: CacheOwner) -> Layout:
     """The layout of ``target``'s saved states, read from a state after one token."""
     rt = target.runtime()
     rt.prefill([0], logits="none")

@@ -336,29 +336,6 @@ class KVFootprint:
         return self.bytes(tokens) / tokens
 
 
-def layer_shapes(target: Any) -> tuple[LayerShape, ...]:
-    """Each layer cache's shape, read from a 1-token forward that is built
-    lazily and never evaluated (no compute, no memory)."""
-    from mlx_lm.models.cache import ArraysCache
-
-    from .cache import SlidingWindowCache, make_cache
-
-    caches = make_cache(target.model, kv=FULL_PRECISION)
-    target.model(mx.zeros((1, 1), dtype=mx.uint32), cache=caches)
-    out = []
-    for c in caches:
-        if isinstance(c, ArraysCache):
-            out.append(LayerShape("recurrent", fixed_bytes=sum(a.nbytes for a in c.cache if a is not None)))
-            continue
-        if c.keys is None:  # a layer the forward never reached
-            continue
-        k, v = c.keys, c.values
-        window = c.window if isinstance(c, SlidingWindowCache) else 0
-        out.append(LayerShape("window" if window else "kv", k.shape[1], k.shape[3], v.shape[3], window,
-                              dtype=k.dtype))  # fmt: skip
-    return tuple(out)
-
-
 def head_dim_refusal(shapes: Sequence[LayerShape], group_size: int) -> str | None:
     """Why ``group_size`` cannot quantize these layers' keys and values, or None."""
     dims = sorted({d for s in shapes if s.kind != "recurrent" for d in (s.k_dim, s.v_dim)})

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -31,8 +31,6 @@ from .cache import LayerState
 from .errors import Hf2qError
 from .kv import FULL_PRECISION, KVConfig
 
-if TYPE_CHECKING:
-    from .disk_cache import DiskCache
 
 DEFAULT_MAX_ENTRIES = 8
 DEFAULT_MAX_BYTES = 2 << 30
@@ -57,6 +55,18 @@ class Snapshot:
 
 
 @dataclass
+class DiskTier(Protocol):
+    """What a prompt cache asks of its tier on disk (``hf2q_py.disk_cache.DiskCache``)."""
+
+    def holds(self, kv: Any) -> bool: ...
+
+    def lookup(self, tokens: list[int], limit: int, longer_than: int = 0) -> tuple[Snapshot | None, int]: ...
+
+    def add(self, snap: Snapshot) -> None: ...
+
+    def flush(self) -> list[str]: ...
+
+
 class PromptCacheStats:
     """What the prompt cache did: lookups, hits (a lookup that reused at
     least one token), tokens reused, snapshots kept and evicted."""
@@ -77,7 +87,7 @@ class PromptCache:
         self,
         max_entries: int = DEFAULT_MAX_ENTRIES,
         max_bytes: int = DEFAULT_MAX_BYTES,
-        disk: DiskCache | None = None,
+        disk: DiskTier | None = None,
     ):
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
             raise Hf2qError(f"prompt cache entries must be an integer >= 1, got {max_entries!r}")

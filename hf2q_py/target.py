@@ -25,12 +25,13 @@ from mlx_lm.models.cache import ArraysCache, KVCache
 
 from .distributed import Sharding
 from .errors import Hf2qError
-from .kv import FULL_PRECISION, KVConfig, attention_refusal, head_dim_refusal, layer_shapes, shared_views
+from .kv import FULL_PRECISION, KVConfig, attention_refusal, head_dim_refusal, shared_views
 from .memory import DraftMemory
 from .cache import (
     DEFAULT_SLACK,
     QuantizedKVCache,
     cache_state,
+    layer_shapes,
     make_cache,
     restore_layer,
     save_layer,
@@ -164,7 +165,7 @@ class Target:
         return problem or head_dim_refusal(self.layer_shapes(), kv.group_size)
 
     def layer_shapes(self) -> tuple:
-        """Each layer cache's shape (``hf2q_py.kv.layer_shapes``), read once."""
+        """Each layer cache's shape (``hf2q_py.cache.layer_shapes``), read once."""
         if self._shapes is None:
             self._shapes = layer_shapes(self)
         return self._shapes

@@ -17,7 +17,7 @@ trimmed; when the slots fill they are packed to the left.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import mlx.core as mx
 import numpy as np
@@ -28,8 +28,19 @@ from ..draft_length.batch import BatchCosts, DraftPlan, Pricing
 from .base import Draft, DraftAsk, ask_offer
 from .dflash_drafter import Drafter, DrafterCache, TargetHead
 
-if TYPE_CHECKING:
-    from .dflash import DFlashProposer
+
+class DFlashRow(Protocol):
+    """What a batch asks of a row's proposer (``dflash.DFlashProposer``): its
+    drafter context, lent while it is a row and given back as ``cache``, its
+    captured features, and its drafts from the batch's logits."""
+
+    cache: DrafterCache
+
+    def lend_context(self) -> DrafterCache: ...
+
+    def take_pending(self) -> mx.array | None: ...
+
+    def drafts(self, logits: mx.array, tokens: Sequence[int]) -> Draft: ...
 
 
 class DrafterRows:
@@ -124,15 +135,15 @@ class DFlashRows:
         self.drafter, self.head = drafter, head
         self.cfg = drafter.config
         self.contexts = DrafterRows(drafter)
-        self.members: dict[Hashable, DFlashProposer] = {}
+        self.members: dict[Hashable, DFlashRow] = {}
         # one forward drafts any number: only the verify prices them (at the batch's costs)
         self.plan = DraftPlan(costs=costs or BatchCosts())
 
-    def join(self, row: Hashable, proposer: DFlashProposer) -> None:
+    def join(self, row: Hashable, proposer: DFlashRow) -> None:
         self.contexts.add(row, proposer.lend_context())
         self.members[row] = proposer
 
-    def leave(self, row: Hashable, proposer: DFlashProposer) -> None:
+    def leave(self, row: Hashable, proposer: DFlashRow) -> None:
         proposer.cache = self.contexts.take(row)
         self.members.pop(row, None)
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache
@@ -36,8 +36,28 @@ from ..draft_length.policy import MAX_K
 from ..target import Runtime, Target
 from .base import Draft, DraftAsk
 
-if TYPE_CHECKING:
-    from .draft_model import DraftModelProposer
+
+class DraftRow(Protocol):
+    """What a batch reads and moves of a row's draft model
+    (``draft_model.DraftModelProposer``): its runtime (its own, or its row
+    here), the tokens in its cache, lazy drafts not yet judged, its
+    confidence rule and decider, and how it catches up on tokens."""
+
+    rt: Any
+    cached: list[int]
+    unread: int
+    done: bool
+    p_min: float
+    min_prob: float
+    decider: Any
+
+    @property
+    def gated(self) -> bool: ...
+
+    def _sync(self, tokens: Sequence[int]) -> list[int]: ...
+
+    def _embeddable(self, tokens: Sequence[int]) -> list[int]: ...
+
 
 #: A row with more committed tokens than this to catch up on reads all but
 #: the last alone first: padding every row of the batched catch-up to a long
@@ -61,7 +81,7 @@ class _Row:
     tokens it catches up on, its steps and (gated) their confidences."""
 
     row: Hashable
-    model: DraftModelProposer
+    model: DraftRow
     tokens: Sequence[int]
     k: int
     feed: list[int] = field(default_factory=list)
@@ -132,7 +152,7 @@ class DraftBatch:
     def __init__(self, draft: Target, ratio: float = 0.0):
         self.draft = draft
         self.batch = BatchRuntime(draft, keep=MAX_K + 2)  # a round's drafts roll back on sliding windows too
-        self.rows: dict[Hashable, DraftModelProposer] = {}
+        self.rows: dict[Hashable, DraftRow] = {}
         self.steps = StepCosts(ratio)
         #: Forwards the last propose left unread, the batch's rows then, and the seconds it
         #: ran after its last read (a backend that computes inline may have run them there).
@@ -161,7 +181,7 @@ class DraftBatch:
         self.batch.remove([row])
         model.rt = alone
 
-    def _single(self, row: Hashable, model: DraftModelProposer) -> Runtime:
+    def _single(self, row: Hashable, model: DraftRow) -> Runtime:
         """A single runtime holding the row's draft cache (as a prompt-cache state is restored)."""
         n = model.rt.offset
         if n != len(model.cached):
