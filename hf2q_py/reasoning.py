@@ -210,17 +210,13 @@ class NoReasoning(Splitter):
         pass
 
 
-class TagSplitter(Splitter):
-    """Reasoning between a ``start`` and an ``end`` marker, as many blocks as
-    the model writes; an end marker outside a block is dropped."""
+class SteppedSplitter(Splitter):
+    """A splitter that holds raw text not decided yet in ``buf`` (a marker
+    may begin in it) and reads it a step at a time (``_step``)."""
 
-    def __init__(self, start: str, end: str):
+    def __init__(self) -> None:
         super().__init__()
-        self.start, self.end = start, end
-        self.thinking = False
-        self.buf = ""  # raw text not decided (a marker may begin in it)
-        self.trim = False  # drop the whitespace opening the next text (after a marker)
-        self.space = ""  # a block's trailing whitespace, held: dropped at the block's end
+        self.buf = ""  # raw text not decided
 
     def feed(self, text: str) -> list[Part]:
         self.buf += text
@@ -236,8 +232,30 @@ class TagSplitter(Splitter):
         while self._step(out, final=True):
             pass
         self.decided = self.fed
-        self.space = ""
+        self._ended()
         return out
+
+    def _ended(self) -> None:
+        """Drop what the text's end leaves held."""
+
+    def _step(self, out: list[Part], final: bool) -> bool:
+        """Read one piece of ``buf`` into ``out``; False when nothing more can be read now."""
+        raise NotImplementedError
+
+
+class TagSplitter(SteppedSplitter):
+    """Reasoning between a ``start`` and an ``end`` marker, as many blocks as
+    the model writes; an end marker outside a block is dropped."""
+
+    def __init__(self, start: str, end: str):
+        super().__init__()
+        self.start, self.end = start, end
+        self.thinking = False
+        self.trim = False  # drop the whitespace opening the next text (after a marker)
+        self.space = ""  # a block's trailing whitespace, held: dropped at the block's end
+
+    def _ended(self) -> None:
+        self.space = ""
 
     def prime(self, text: str) -> None:
         super().prime(text)
@@ -266,7 +284,7 @@ class TagSplitter(Splitter):
                 self.thinking = False
             self.trim, self.space = True, ""
             return True
-        keep = 0 if final else _partial_marker(self.buf, markers)
+        keep = 0 if final else partial_marker(self.buf, markers)
         self._give(self.buf[: len(self.buf) - keep], out)
         self.buf = self.buf[len(self.buf) - keep :]
         return False
@@ -293,7 +311,7 @@ _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
 _ROLE = re.compile(r"^" + re.escape(H_START) + r"\w*")
 
 
-class HarmonySplitter(Splitter):
+class HarmonySplitter(SteppedSplitter):
     """gpt-oss's messages: a header (role, ``<|channel|>NAME``, a recipient
     ``to=...``, a ``<|constrain|>`` type) up to ``<|message|>``, then the
     body up to ``<|end|>`` (or ``<|return|>``, ``<|call|>``); the next
@@ -305,25 +323,10 @@ class HarmonySplitter(Splitter):
 
     def __init__(self) -> None:
         super().__init__()
-        self.buf = ""  # raw text not decided
         self.body: str | None = None  # the open body's kind (REASONING, ANSWER, "call"); None: in a header
 
-    def feed(self, text: str) -> list[Part]:
-        self.buf += text
-        self.fed += len(text)
-        out: list[Part] = []
-        while self._step(out, final=False):
-            pass
-        self.decided = self.fed - len(self.buf)
-        return out
-
-    def finish(self) -> list[Part]:
-        out: list[Part] = []
-        while self._step(out, final=True):
-            pass
+    def _ended(self) -> None:
         self.buf = ""  # a header cut short
-        self.decided = self.fed
-        return out
 
     def prime(self, text: str) -> None:
         super().prime(text)
@@ -347,7 +350,7 @@ class HarmonySplitter(Splitter):
             self._switch(self.fed - len(self.buf) + i + len(marker), False)
             self.buf, self.body = self.buf[i + len(marker) :], None
             return True
-        keep = 0 if final else _partial_marker(self.buf, self.ENDS)
+        keep = 0 if final else partial_marker(self.buf, self.ENDS)
         self._give(self.buf[: len(self.buf) - keep], out)
         self.buf = self.buf[len(self.buf) - keep :]
         return False
@@ -379,7 +382,7 @@ class HarmonySplitter(Splitter):
             out.append((REASONING if self.body == REASONING else ANSWER, text))
 
 
-def _partial_marker(text: str, markers: Sequence[str]) -> int:
+def partial_marker(text: str, markers: Sequence[str]) -> int:
     """The length of the longest end of ``text`` that begins a marker."""
     best = 0
     for m in markers:

@@ -26,7 +26,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 
-from .tool_calls import FENCE, FENCE_END, PYTHON_TAG, ToolCall, ToolUse, parse_calls, partial_marker
+from ..reasoning import partial_marker
+from .tool_calls import FENCE, FENCE_END, PYTHON_TAG, ToolCall, ToolUse, parse_calls
 
 #: Formats whose calls are JSON between their markers, read as they stream.
 JSON_MARKER_FORMATS = ("json_tools", "mistral")

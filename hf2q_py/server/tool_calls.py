@@ -323,17 +323,6 @@ def named_json_calls(text: str, names: frozenset[str]) -> list[dict] | None:
     return calls or None
 
 
-def partial_marker(text: str, markers: Sequence[str]) -> int:
-    """The length of the longest end of ``text`` that begins a marker."""
-    best = 0
-    for m in markers:
-        for n in range(min(len(m) - 1, len(text)), best, -1):
-            if text.endswith(m[:n]):
-                best = n
-                break
-    return best
-
-
 # -- history for the chat template ---------------------------------------------------------------
 def history_arguments(arguments: str | dict, where: str) -> dict:
     """A call's arguments in the conversation as the dict templates expect."""
