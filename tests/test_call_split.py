@@ -126,3 +126,15 @@ def test_a_second_call_is_dropped_without_parallel_calls_and_ids_differ():
     assert [c[0] for c in calls(events(TOOLS_TEMPLATE, answer, parallel=False))] == ["get_time"]
     ids = [e.id for _, e in events(TOOLS_TEMPLATE, answer) if isinstance(e, CallStart)]
     assert len(set(ids)) == 2
+
+
+def test_arguments_that_stop_being_json_end_the_call_with_what_was_json_closed():
+    # Qwen2.5-Coder writes a docstring's quotes unescaped into a call's string
+    answer = (
+        '```json\n{"name": "get_weather", "arguments": {"city": "def f():\\n    """Doc."""\\n", '
+        '"unit": "C"}}\n```\nDone.'
+    )
+    for cuts in (None, [7, 40, 61, 62, 63, 90]):
+        got = calls(events(TOOLS_TEMPLATE, answer, cuts))
+        assert got == [("get_weather", '{"city": "def f():\\n    "}', '{"city": "def f():\\n    "}', True)]
+    assert json.loads(got[0][1]) == {"city": "def f():\n    "}

@@ -193,6 +193,8 @@ class _Region:
         self.call: CallStart | None = None  # ... and was given out
         self.args: str | None = None
         self.depth = 0
+        self.stack = ""  # the arguments' open brackets
+        self.closed = False  # the arguments' last value closed: a separator or a bracket comes next
         self.in_str = self.esc = False
         self.delta = ""
 
@@ -213,6 +215,8 @@ class _Region:
     def finish(self) -> list[Out]:
         """The answer ended inside the region."""
         out: list[Out] = []
+        if self.state == "drop":
+            return out
         if self.state != "opaque":
             if self.began:
                 self._end_call(out)  # cut short: the arguments written so far
@@ -249,7 +253,7 @@ class _Region:
         if self.began:
             self._end_call(out)
             return p[i + len(self.end) :]
-        if self.state == "between" and self.emitted:
+        if self.state in ("between", "drop") and self.emitted:
             return p[i + len(self.end) :]
         self._fallback(out)
         return None
@@ -397,20 +401,47 @@ class _Region:
 
     def _args(self, p: str, i: int, out: list[Out]) -> int:
         c = p[i]
+        if self.closed and not self.in_str and not c.isspace() and c not in ",:}]":
+            return self._malformed(out)
         self.args += c
         self.delta += c
         if self.in_str:
             self._string_char(c)
+            self.closed = not self.in_str
         elif c == '"':
             self.in_str = True
+        elif c in ",:":
+            self.closed = False
         elif c in "{[":
             self.depth += 1
+            self.stack += c
         elif c in "}]":
             self.depth -= 1
+            self.stack, self.closed = self.stack[:-1], True
             if self.depth == 0 and self.key is None:
                 self._close_object(out)  # Mistral's name[ARGS]{...}: the call is over
             elif self.depth == 0:
                 self.state = "after"
+        return 1
+
+    def _malformed(self, out: list[Out]) -> int:
+        """The arguments stop being JSON (a string closed, then no separator: a
+        quote the model did not escape): the call ends with what was JSON,
+        closed (as ``ToolCall.input`` reads it), and the region's rest is dropped."""
+        closing = ('"' if self.in_str else "") + "".join(
+            "}" if b == "{" else "]" for b in reversed(self.stack)
+        )
+        if _is_object(self.args + closing):
+            self.args += closing
+            self.delta += closing
+            self.depth = 0
+        self._end_call(out)
+        self._reset_object()
+        self.state = "drop"
+        return 1
+
+    def _drop(self, p: str, i: int, out: list[Out]) -> int:
+        """The rest of a region whose call was malformed, up to its end."""
         return 1
 
     def _skip(self, p: str, i: int, out: list[Out]) -> int:
