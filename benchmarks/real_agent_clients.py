@@ -53,8 +53,7 @@ def one(client: ac.AgentClient, model_path: str, timeout: float, log, tmp: Path)
     """A fresh server, one session of ``client``, what it did."""
     proc, url = start("hf2q-py", Path(model_path), log)
     try:
-        setup = client.setup(tmp / client.name, url if client.route == "/v1/messages" else url + "/v1",
-                             served_name("hf2q-py", url), NOTE)  # fmt: skip
+        setup = client.setup(tmp / client.name, url, served_name("hf2q-py", url), NOTE)
         run = ac.run(setup, timeout)
         seen = metrics(url)
     finally:
