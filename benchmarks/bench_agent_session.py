@@ -35,7 +35,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 import hf2q_py  # noqa: E402  first: OpenBLAS before mlx.core
 
 import claude_session as cs  # noqa: E402
-from bench_server import free_port, stop  # noqa: E402
+from bench_server import free_port, stop, wait_ready  # noqa: E402
 from session_clients import Answer, chat_call, messages_call, messages_whole, tool_reader  # noqa: E402
 
 from hf2q_py.blas import find_openblas  # noqa: E402
@@ -81,19 +80,12 @@ def start(name: str, args: argparse.Namespace, log, cache_dir: Path | None = Non
     print(f"starting {name}: {shlex.join(cmd)}", file=log, flush=True)
     proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_SECONDS
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise Hf2qError(f"{name} exited at start (status {proc.returncode}); see {log.name}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200 and _ready(r.read()):
-                    return proc, url
-        except OSError:
-            pass
-        time.sleep(0.5)
-    stop(proc)
-    raise Hf2qError(f"{name} did not start in {START_SECONDS} s")
+    try:
+        wait_ready(proc, url, name, START_SECONDS, _ready)
+    except Hf2qError:
+        stop(proc)
+        raise
+    return proc, url
 
 
 def _ready(body: bytes) -> bool:

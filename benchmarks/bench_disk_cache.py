@@ -22,22 +22,24 @@ import argparse
 import inspect
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import hf2q_py  # first: loads OpenBLAS before mlx.core
 
 import openai
 
+
 from hf2q_py.errors import Hf2qError, run_script
 from hf2q_py.generation import encode_messages
 from hf2q_py.tools import results
 from hf2q_py.tools.files import check_writable
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_server import free_port, wait_ready  # noqa: E402
 
 START_SECONDS = 300
 
@@ -57,12 +59,6 @@ def agent_messages(target, n_tokens: int) -> list[dict]:
     return [{"role": "system", "content": system}, {"role": "user", "content": "Which module is this?"}]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(cache: Path, log, flags: list[str]) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [
@@ -78,18 +74,8 @@ def start(cache: Path, log, flags: list[str]) -> tuple[subprocess.Popen, str]:
     ]
     proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=dict(os.environ))
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_SECONDS
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise Hf2qError(f"the server exited at start (status {proc.returncode})")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc, url
-        except OSError:
-            time.sleep(0.25)
-    proc.kill()
-    raise Hf2qError(f"the server did not start in {START_SECONDS} s")
+    wait_ready(proc, url, "the server", START_SECONDS)
+    return proc, url
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -29,7 +29,6 @@ import contextlib
 import inspect
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,10 +45,14 @@ import openai
 from prometheus_client.parser import text_string_to_metric_families
 
 from hf2q_py.budget import format_bytes, parse_size
-from hf2q_py.errors import Hf2qError, run_script
+
+from hf2q_py.errors import run_script
 from hf2q_py.generation import context_length, encode_messages
 from hf2q_py.tools import results
 from hf2q_py.tools.files import check_writable
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_server import free_port, wait_ready  # noqa: E402
 
 START_SECONDS = 300
 MODULES = ("json.decoder", "json.encoder", "textwrap", "inspect", "heapq", "shlex", "statistics", "argparse")
@@ -90,27 +93,15 @@ def system_prompt(tokenizer, session: int, tokens: int) -> str:
 
 
 def start(args, log) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "hf2q_py", "serve", "--port", str(port), "--memory-budget", str(args.budget),
            "--memory-queue", str(args.memory_queue), "--max-batch", str(args.max_batch), "--no-disk-cache"]  # fmt: skip
     if args.model:
         cmd += ["--model", args.model]
     proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=dict(os.environ))
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_SECONDS
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise Hf2qError(f"the server exited at start (status {proc.returncode}); see its log")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc, url
-        except OSError:
-            time.sleep(0.25)
-    proc.kill()
-    raise Hf2qError(f"the server did not start in {START_SECONDS} s")
+    wait_ready(proc, url, "the server", START_SECONDS)
+    return proc, url
 
 
 def session(url: str, index: int, system: str, args, deadline: float, tally: Tally) -> None:

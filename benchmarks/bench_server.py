@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import hf2q_py  # first: loads OpenBLAS before mlx.core
@@ -124,19 +125,34 @@ def start(
     proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env, cwd=tree)
     proc.cache_dir = cache
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_SECONDS
+    try:
+        wait_ready(proc, url, f"{name} server", START_SECONDS)
+    except Hf2qError:
+        stop(proc)
+        raise
+    return proc, url
+
+
+def wait_ready(
+    proc: subprocess.Popen, url: str, what: str, seconds: float, ready: Callable[[bytes], bool] | None = None
+) -> None:
+    """Wait until the server at ``url`` answers ``/health`` (and ``ready``
+    accepts the body); raises ``Hf2qError`` naming ``what`` if it exits or
+    does not answer within ``seconds`` (then it is killed)."""
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            stop(proc)
-            raise Hf2qError(f"{name} server exited at start (status {proc.returncode})")
+            raise Hf2qError(f"{what} exited at start (status {proc.returncode})")
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc, url
+                if r.status == 200 and (ready is None or ready(r.read())):
+                    return
         except OSError:
-            time.sleep(0.25)
-    stop(proc)
-    raise Hf2qError(f"{name} server did not start in {START_SECONDS} s")
+            pass
+        time.sleep(0.25)
+    proc.kill()
+    proc.wait()
+    raise Hf2qError(f"{what} did not start in {seconds} s")
 
 
 def stop(proc: subprocess.Popen) -> None:
