@@ -639,7 +639,7 @@ class Scheduler:
         drafter = self._row_drafters[members[0][0].id]
         asks = [DraftAsk(e.id, e.seq.proposer, e.seq.tokens, t.k, e.seq.promise(t)) for e, t in members]
         try:
-            drafts = drafter.propose(asks, Pricing(self.costs, others, self._agreed))
+            drafts = drafter.propose(asks, Pricing(others, self._agreed))
         except Exception as error:  # noqa: BLE001
             for e, _ in members:
                 self._leave(e, error)

@@ -16,8 +16,8 @@ from models import random_prompt, tiny_target
 from test_batching import PROMPTS, REJECTING, submit
 
 import hf2q_py
-from hf2q_py.draft_length.batch import BatchCosts, Offer, StepCosts, plan_steps
-from hf2q_py.proposers.draft_batch import DraftBatch
+from hf2q_py.draft_length.batch import BatchCosts, DraftPlan, Offer, StepCosts, plan_steps
+from hf2q_py.proposers.draft_batch import DraftBatch, step_seconds
 from hf2q_py.scheduler import Scheduler, SchedulerConfig
 from hf2q_py.tools.reads import count_reads
 
@@ -282,6 +282,24 @@ def test_dearer_draft_steps_plan_fewer_of_them():
     assert plan_steps([Offer(3, fixed=True)], [], costs, 100.0) == 3  # a fixed K is drafted whole
 
 
+def test_the_batch_cost_curve_does_not_believe_a_size_measured_dearer_than_its_neighbours_line():
+    costs = BatchCosts()
+    measured = [(16, 0.75), (28, 1.43), (48, 1.5), (132, 3.66)]  # 28: a round that also waited
+    for positions, seconds in measured:
+        costs.update(positions, seconds)
+    assert costs.points() == [(16, 0.75), (48, 1.5), (132, 3.66)]
+    assert costs.cost(32) == pytest.approx(0.75 + 0.75 * 16 / 32)
+
+
+def test_the_batch_cost_curve_past_its_largest_size_is_a_hopeful_guess_the_next_round_corrects():
+    costs = BatchCosts()
+    for positions, seconds in [(4, 0.5), (8, 0.6), (12, 0.9)]:  # a steep last pair
+        costs.update(positions, seconds)
+    assert costs.cost(20) == pytest.approx(0.9 + 0.025 * 8)  # on the least slope, not the last one
+    costs.update(20, 2.0)
+    assert costs.cost(20) == pytest.approx(2.0)
+
+
 def test_a_drafters_step_is_priced_from_its_measured_seconds_along_the_batchs_cost_curve():
     costs, steps = BatchCosts(), StepCosts(ratio=0.25)
     assert steps.price(4, costs) == pytest.approx(0.25 * costs.cost(4))  # the prior, relative units
@@ -291,6 +309,25 @@ def test_a_drafters_step_is_priced_from_its_measured_seconds_along_the_batchs_co
     steps.update(4, 0.08)
     assert steps.price(4, costs) == pytest.approx(0.08)
     assert steps.price(8, costs) == pytest.approx(0.08 * 0.3 / 0.2)
+
+
+def test_a_draft_step_is_timed_between_reads_not_from_the_catch_up_before_the_first():
+    # the first read came back after a 3-second lazy prefill; the steps after it took 0.2 s each
+    assert step_seconds([(1, 3.0), (2, 3.2), (4, 3.6)]) == pytest.approx(0.2)
+    assert step_seconds([(1, 3.0)]) is None  # one read: nothing between reads to time
+    assert step_seconds([]) is None
+
+
+def test_a_draft_model_whose_steps_never_pay_probes_again_with_its_own_step_price():
+    costs = BatchCosts()
+    costs.update(4, 0.5)
+    costs.update(16, 0.7)
+    plan = DraftPlan(costs=costs)
+    rows = [Offer(8, [0.9**j for j in range(1, 9)])] * 4
+    assert plan.drafts(rows, step=0.05) > 0  # cheap steps pay
+    counts = [plan.drafts(rows, step=50.0) for _ in range(40)]  # a step priced far too dear ...
+    assert counts[0] == 0 and max(counts) == plan.probes.probe_k  # ... still probes now and then
+    assert plan.drafts(rows, step=0.05) > 0  # and drafts again once its price is right
 
 
 def test_batched_rows_of_a_draft_model_that_drafts_badly_draft_little():

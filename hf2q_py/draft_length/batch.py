@@ -33,8 +33,16 @@ class BatchCosts:
     """What a batched forward costs by the positions it computes (rows x
     width): decayed mean seconds per size, learned from the batch's rounds;
     sizes not measured lie on the line between measured ones, past the
-    largest on the slope of the last two (or ``slope`` decodes per
-    position, the prior, until two sizes are measured)."""
+    largest on the least slope between them (a hopeful guess, which the
+    first round of that size corrects; ``slope`` decodes per position, the
+    prior, until two sizes are measured).
+
+    A forward's cost grows ever faster with its positions (flat while the
+    weights' reads dominate, then in proportion once compute does), so the
+    curve is the lower convex hull of the measured sizes: a size measured
+    dearer than its neighbours' line (a round that also waited for other
+    work) is not believed, and cannot keep the planner from the sizes
+    around it, which it would then never measure again."""
 
     slope: float = 0.12
     seconds: dict[int, float] = field(default_factory=dict)
@@ -55,9 +63,11 @@ class BatchCosts:
         self._points = None
 
     def points(self) -> list[tuple[int, float]]:
-        """The measured sizes and their mean seconds, by size."""
+        """The measured sizes and their mean seconds on the curve's lower convex hull, by size."""
         if self._points is None:
-            self._points = sorted((n, self.seconds[n] / c) for n, c in self.counts.items() if c > 0)
+            self._points = _lower_hull(
+                sorted((n, self.seconds[n] / c) for n, c in self.counts.items() if c > 0)
+            )
         return self._points
 
     def cost(self, positions: int) -> float:
@@ -71,11 +81,24 @@ class BatchCosts:
         for (a, ta), (b, tb) in zip(points, points[1:]):
             if positions <= b:
                 return ta + (tb - ta) * (positions - a) / (b - a)
-        (a, ta), (b, tb) = points[-2], points[-1]
-        return tb + max(0.0, (tb - ta) / (b - a)) * (positions - b)
+        (a, ta), (b, tb) = points[0], points[1]  # the hull's least slope, past the largest size
+        return points[-1][1] + max(0.0, (tb - ta) / (b - a)) * (positions - points[-1][0])
 
     def _prior(self, positions: int) -> float:
         return 1.0 + self.slope * (positions - 1)
+
+
+def _lower_hull(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The points (sorted by size) on their lower convex hull."""
+    hull: list[tuple[int, float]] = []
+    for n, t in points:
+        while len(hull) > 1:
+            (a, ta), (b, tb) = hull[-2], hull[-1]
+            if (tb - ta) * (n - a) < (t - ta) * (b - a):  # b lies below the line from a to n
+                break
+            hull.pop()
+        hull.append((n, t))
+    return hull
 
 
 @dataclass
@@ -172,10 +195,9 @@ def plan_steps(drafted: Sequence[Offer], others: Sequence[Offer], costs: BatchCo
 @dataclass
 class Pricing:
     """The rest of a batched round, for a batch drafter choosing its steps
-    (:func:`plan_steps`): the batch's forward costs and the offers of the
-    rows it does not draft for."""
+    (:class:`DraftPlan`, at the costs of the batch it was made for): the
+    offers of the rows it does not draft for."""
 
-    costs: BatchCosts
     others: list[Offer] = field(default_factory=list)
     #: Measured seconds as every rank of a sharded target decides from them
     #: (rank 0's); the identity when the target is whole.
@@ -189,21 +211,25 @@ class DraftPlan:
     steps :func:`plan_steps` finds best at the batch's ``costs`` (measured by
     the loop, or the prior until measured), each step costing ``step_cost``
     decodes of the batch's rows (a drafter that runs a forward per draft:
-    layer skip; 0: one forward drafts any number, DFlash). When no draft
-    pays, a short probe now and then (``ProbeSchedule``) keeps the rows'
-    rates learning; rows with a fixed K get all theirs."""
+    layer skip; 0: one forward drafts any number, DFlash) unless the drafter
+    prices its steps itself (a draft model). When no draft pays, a short
+    probe now and then (``ProbeSchedule``) keeps the rows' rates and the
+    steps' price measured; rows with a fixed K get all theirs."""
 
     step_cost: float = 0.0
     probes: ProbeSchedule = field(default_factory=ProbeSchedule)
     costs: BatchCosts = field(default_factory=BatchCosts)
     probing: bool = False
 
-    def drafts(self, offers: Sequence[Offer], others: Sequence[Offer] = ()) -> int:
-        """Steps to draft for ``offers`` beside the batch's ``others``."""
-        step = self.step_cost * self.costs.cost(len(offers) + len(others))
+    def drafts(self, offers: Sequence[Offer], others: Sequence[Offer] = (), step: float | None = None) -> int:
+        """Steps to draft for ``offers`` beside the batch's ``others``;
+        ``step``: what one costs in ``costs``' units (default: ``step_cost``
+        decodes of all the rows)."""
+        decode = self.costs.cost(len(offers) + len(others))
+        step = self.step_cost * decode if step is None else step
         n = plan_steps(offers, others, self.costs, step)
         if self.probing:
-            self.probes.probed(n > 0, self.probes.probe_k * self.step_cost)
+            self.probes.probed(n > 0, self.probes.probe_k * step / decode)
             self.probing = False
         if n > 0:
             return n

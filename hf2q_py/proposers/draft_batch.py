@@ -31,8 +31,9 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache
 
 from ..batch.runtime import BatchRuntime, batch_refusal
-from ..draft_length.batch import BatchCosts, Pricing, StepCosts, plan_steps
+from ..draft_length.batch import BatchCosts, DraftPlan, Pricing, StepCosts
 from ..draft_length.policy import MAX_K
+from ..draft_length.probes import ProbeSchedule
 from ..target import Runtime, Target
 from .base import Draft, DraftAsk
 
@@ -64,6 +65,10 @@ class DraftRow(Protocol):
 #: one would cost rows x its length.
 ALONE_CATCH_UP = 16
 
+#: Draft steps a probe takes while no step pays: enough for its confidence
+#: reads to time the steps again.
+PROBE_K = 4
+
 
 def draft_batch_refusal(draft: Target) -> str | None:
     """Why ``draft`` cannot draft for a batch (one line), or None. A draft
@@ -73,6 +78,17 @@ def draft_batch_refusal(draft: Target) -> str | None:
     if problem is None and any(isinstance(c, ArraysCache) for c in draft.runtime().cache):
         problem = "a draft model with recurrent layers runs alone (its rollback spans several forwards)"
     return problem
+
+
+def step_seconds(reads: Sequence[tuple[int, float]]) -> float | None:
+    """The seconds of one draft step from a round's reads (forwards waited
+    for, when it came back): between its first and last read, since the
+    first also waits for the round's catch-ups (a lazy prefill among them);
+    None with fewer than two reads."""
+    if len(reads) < 2:
+        return None
+    (i, first), (j, last) = reads[0], reads[-1]
+    return (last - first) / (j - i)
 
 
 @dataclass(eq=False)
@@ -149,11 +165,13 @@ class DraftBatch:
     reads; until then ``ratio``, the draft's weights against the
     target's, times the target batch's forward of as many rows)."""
 
-    def __init__(self, draft: Target, ratio: float = 0.0):
+    def __init__(self, draft: Target, ratio: float = 0.0, costs: BatchCosts | None = None):
         self.draft = draft
         self.batch = BatchRuntime(draft, keep=MAX_K + 2)  # a round's drafts roll back on sliding windows too
         self.rows: dict[Hashable, DraftRow] = {}
         self.steps = StepCosts(ratio)
+        #: How many steps pay (with probes while none does), at the target batch's ``costs``.
+        self.plan = DraftPlan(probes=ProbeSchedule(probe_k=PROBE_K), costs=costs or BatchCosts())
         #: Forwards the last propose left unread, the batch's rows then, and the seconds it
         #: ran after its last read (a backend that computes inline may have run them there).
         self._unread = (0, 0, 0.0)
@@ -216,13 +234,13 @@ class DraftBatch:
 
     def _plan(self, wanted: list[tuple[int, DraftAsk, int]], asks: Sequence[DraftAsk],
               drafts: list[Draft | None], pricing: Pricing) -> int:  # fmt: skip
-        """How many steps pay for the round (``plan_steps``)."""
+        """How many steps pay for the round (``DraftPlan``: a probe now and then while none does)."""
         others = list(pricing.others)
         for ask, draft in zip(asks, drafts):
             if draft is not None and ask.offer is not None:  # copies
                 others.append(ask.offer.head(len(draft)))
-        step = self.steps.price(len(self.rows), pricing.costs)
-        return plan_steps([a.offer.head(n) for _, a, n in wanted], others, pricing.costs, step)
+        step = self.steps.price(len(self.rows), self.plan.costs)
+        return self.plan.drafts([a.offer.head(n) for _, a, n in wanted], others, step)
 
     def unread_seconds(self, costs: BatchCosts) -> float:
         forwards, rows, spent = self._unread
@@ -242,14 +260,14 @@ class DraftBatch:
         self._alone_catch_ups(rows)
         t0 = time.perf_counter()
         self._catch_up(rows)
-        forwards, timed, t_read = self._run(rows)
-        if timed:
-            seconds = [(t_read - t0) / timed]
-            (step,) = agree(seconds) if agree is not None else seconds
+        forwards, reads = self._run(rows)
+        seconds = step_seconds(reads)
+        if seconds is not None:
+            (step,) = agree([seconds]) if agree is not None else [seconds]
             self.steps.update(len(self.batch.rows), step)
         drafts = [r.draft() for r in rows]
-        spent = time.perf_counter() - (t_read if timed else t0)
-        self._unread = (forwards - timed, len(self.batch.rows), spent)
+        timed, t_read = reads[-1] if reads else (0, t0)
+        self._unread = (forwards - timed, len(self.batch.rows), time.perf_counter() - t_read)
         return drafts
 
     def _alone_catch_ups(self, rows: list[_Row]) -> None:
@@ -278,18 +296,18 @@ class DraftBatch:
             r.model.cached.extend(r.feed)
             r.logits = fwd.logits[self.batch.index(r.row), 0]
 
-    def _run(self, rows: list[_Row]) -> tuple[int, int, float]:
+    def _run(self, rows: list[_Row]) -> tuple[int, list[tuple[int, float]]]:
         """The draft steps: each drawing row draws, the step before is judged
         (one read, gated rows only), the rows going on feed their token in one
-        batched forward. Returns the forwards run, how many of them a read
-        waited for, and when that read came back."""
-        forwards, timed, t_read, i = 1, 0, 0.0, 0
+        batched forward. Returns the forwards run and each read: how many
+        forwards it waited for, and when it came back."""
+        forwards, reads, i = 1, [], 0
         while True:
             drawn = {r: r.draw(i) for r in rows if r.n is None and i < r.k}
             if i and self._judge(rows, i - 1):
-                timed, t_read = i, time.perf_counter()
+                reads.append((i, time.perf_counter()))
             if not drawn:
-                return forwards, timed, t_read
+                return forwards, reads
             going = [a for r, arrays in drawn.items() if r.n is None for a in arrays]
             if going:
                 mx.async_eval(going)
