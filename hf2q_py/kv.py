@@ -128,11 +128,14 @@ def positions(store: Any, lo: int, hi: int) -> Any:
     return tree_map(lambda x: x[..., lo:hi, :], store)
 
 
-def write(store: Any, at: int, new: Any) -> None:
-    """Write ``new`` into ``store`` from buffer index ``at`` on."""
+def write(store: Any, at: int, new: Any, rows: mx.array | None = None) -> None:
+    """Write ``new`` into ``store`` from buffer index ``at`` on (``rows``: into those rows only)."""
     n = leaves(new)[0].shape[2]
     for dst, src in zip(leaves(store), leaves(new)):
-        dst[..., at : at + n, :] = src
+        if rows is None:
+            dst[..., at : at + n, :] = src
+        else:
+            dst[rows, :, at : at + n, :] = src
 
 
 def zeros(like: Any, capacity: int) -> Any:

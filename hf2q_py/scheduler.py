@@ -654,9 +654,9 @@ class Scheduler:
         fwd = self.batch.forward([e.seq.inputs(t) for e, t in turns], capture_layers=capture)
         parts = []
         for b, (e, t) in enumerate(turns):
-            width = len(t.draft) + 1
-            e.seq.judge(t, fwd.logits[b, :width])
-            t.hidden = {i: fwd.hidden[i][b : b + 1, :width] for i in e.seq.capture}
+            width, r = len(t.draft) + 1, fwd.index(b)
+            e.seq.judge(t, fwd.logits[r, :width])
+            t.hidden = {i: fwd.hidden[i][r : r + 1, :width] for i in e.seq.capture}
             parts.extend(t.parts)
         flat = unpack(self.batch_read(pack(parts)), [sum(t.sizes) for _, t in turns])
         return [unpack(f, t.sizes) for f, (_, t) in zip(flat, turns)]

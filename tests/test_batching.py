@@ -313,3 +313,42 @@ def test_bad_batch_requests_are_refused_with_a_message():
         hf2q_py.batch_generate(target, [[1, 2]], configs=[make_config(), make_config()])
     with pytest.raises(Hf2qError, match="prompt"):
         hf2q_py.batch_generate(target, [[]], max_tokens=4)
+
+
+@pytest.mark.parametrize("arch, scale", ARCHS[:3])
+def test_a_forward_computes_only_the_rows_it_feeds_and_each_equals_its_solo_forward(arch, scale):
+    assert_fed_rows_equal_solo(tiny_target(arch, scale=scale))
+
+
+def assert_fed_rows_equal_solo(target) -> None:
+    """Forwards feeding some rows of a batch of three: only those are computed,
+    each as its own runtime computes it, and the others keep their positions."""
+    prompts = [random_prompt(30, 1), random_prompt(9, 2), random_prompt(21, 3)]
+    batch, solos = BatchRuntime(target), []
+    for i, p in enumerate(prompts):
+        solos.append(target.runtime())
+        solos[-1].prefill(p, logits="none")
+        rt = target.runtime()
+        rt.prefill(p, logits="none")
+        batch.add(i, rt)
+    assert batch.ragged
+    for feeds in ([[5, 6, 7], [], [8]], [[], [9, 10], []], [[11], [12], [13, 14]]):
+        fwd = batch.forward(feeds)
+        assert fwd.rows == tuple(b for b, f in enumerate(feeds) if f)
+        assert fwd.logits.shape[0] == len(fwd.rows)  # the rows fed nothing were not computed
+        for b, f in enumerate(feeds):
+            if f:
+                want = solos[b].forward(f).logits
+                assert mx.allclose(fwd.logits[fwd.index(b), : len(f)], want, atol=1e-4).item(), (feeds, b)
+    assert [batch.offset(i) for i in range(3)] == [rt.offset for rt in solos]
+
+
+def test_a_batch_with_recurrent_layers_computes_every_row():
+    target = tiny_target("qwen3_next")
+    batch = BatchRuntime(target)
+    for i, p in enumerate([random_prompt(12, 1), random_prompt(5, 2)]):
+        rt = target.runtime()
+        rt.prefill(p, logits="none")
+        batch.add(i, rt)
+    assert not batch.ragged
+    assert batch.forward([[1, 2], []]).rows == (0, 1)

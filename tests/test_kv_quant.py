@@ -17,6 +17,7 @@ import pytest
 from helpers import NEAR_TIE, UNGATED, assert_one_line_error, cli
 from mlx.utils import tree_flatten
 from models import char_tokenizer, random_prompt, tiny_model, tiny_target
+from test_batching import assert_fed_rows_equal_solo
 from test_engine import loopy_prompt
 
 import hf2q_py
@@ -449,3 +450,8 @@ def test_serve_with_kv_bits_answers_concurrent_requests_as_plain_decoding_with_t
     for prompt, (status, body), w in zip(prompts, answers, want):
         assert status == 200, body
         assert_same_greedy_kv(target, prompt, body["hf2q"]["tokens"], w)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "gemma4_text"])
+def test_a_quantized_batch_computes_only_the_rows_it_feeds_and_each_equals_its_solo_forward(arch):
+    assert_fed_rows_equal_solo(target_for(arch, 8))

@@ -48,6 +48,7 @@ class SlotTable:
         self.offsets = np.zeros(0, dtype=np.int64)
         self.used = 0  # columns written so far
         self.width = 0  # the forward in progress
+        self.fed: np.ndarray | None = None  # the rows it computes, when not every row
         self.packs = 0  # times the slots were packed
         self._mask: tuple[int, mx.array] | None = None
         self._offset: mx.array | None = None
@@ -108,30 +109,39 @@ class SlotTable:
         return index
 
     # -- one forward ------------------------------------------------------------
-    def begin(self, widths: Sequence[int]) -> None:
+    def begin(self, widths: Sequence[int], fed: Sequence[int] | None = None) -> None:
         """Tag the next ``max(widths)`` columns: row b's first ``widths[b]``
-        with its next positions, the rest empty."""
+        with its next positions, the rest empty. ``fed``: the rows the
+        forward computes (None: every row; the others feed nothing)."""
         width = max(widths)
         j = np.arange(width)
         cols = np.where(j[None] < np.asarray(widths)[:, None], self.offsets[:, None] + j[None], EMPTY)
         self.pos[:, self.used : self.used + width] = cols
         self.width = width
+        self.fed = None if fed is None else np.asarray(fed, dtype=np.int32)
         self._mask = self._offset = None
 
+    def _computed(self, rows: np.ndarray) -> np.ndarray:
+        """The computed rows' entries of a per-row table."""
+        return rows if self.fed is None else rows[self.fed]
+
     def offset_array(self) -> mx.array:
-        """Each row's first position in this forward (for RoPE), (B,)."""
+        """Each computed row's first position in this forward (for RoPE), (R,)."""
         if self._offset is None:
-            self._offset = mx.array(self.offsets.astype(np.int32))
+            self._offset = mx.array(self._computed(self.offsets).astype(np.int32))
         return self._offset
 
     def mask(self, n: int, window: int | None = None) -> mx.array:
-        """The (B, 1, n, columns) attention mask of this forward's queries."""
+        """The (R, 1, n, columns) attention mask of this forward's queries (R: the rows computed)."""
         window = window or self.window
         if self._mask is not None and self._mask[0] == (window or 0):
             return self._mask[1]
         end = self.used + self.width
-        pos = mx.array(self.pos[:, :end])[:, None, None, :]
-        q = mx.array(self.offsets.astype(np.int32))[:, None] + mx.arange(n, dtype=mx.int32)[None]
+        pos = mx.array(self._computed(self.pos[:, :end]))[:, None, None, :]
+        q = (
+            mx.array(self._computed(self.offsets).astype(np.int32))[:, None]
+            + mx.arange(n, dtype=mx.int32)[None]
+        )
         q = q[:, None, :, None]
         m = pos <= q
         if window is not None:
@@ -144,6 +154,7 @@ class SlotTable:
         self.used += self.width
         self.offsets = self.offsets + (self.pos[:, self.used - self.width : self.used] < EMPTY).sum(axis=1)
         self.width = 0
+        self.fed = None
         self._mask = self._offset = None
 
     def trim(self, row: int, n: int) -> None:
@@ -201,6 +212,14 @@ class SlotKVCache:
         if self.keys is None:
             self._allocate(keys, values)
         start, width = t.used, stores.length(keys)
+        if t.fed is not None:  # some rows computed: theirs written, theirs read
+            rows = mx.array(t.fed)
+            stores.write(self.keys, start, keys, rows)
+            stores.write(self.values, start, values, rows)
+            end = start + width
+            return stores.take_rows(stores.positions(self.keys, 0, end), rows), stores.take_rows(
+                stores.positions(self.values, 0, end), rows
+            )
         stores.write(self.keys, start, keys)
         stores.write(self.values, start, values)
         return stores.positions(self.keys, 0, start + width), stores.positions(self.values, 0, start + width)

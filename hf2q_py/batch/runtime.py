@@ -131,6 +131,13 @@ class BatchRuntime:
         return self.rows.index(row_id)
 
     # -- forwards ---------------------------------------------------------------
+    @property
+    def ragged(self) -> bool:
+        """Whether a forward computes only the rows it feeds (a row that feeds
+        nothing costs nothing); a batch with recurrent layers computes every
+        row (their states step together)."""
+        return self.recurrent is None
+
     def forward(
         self,
         feeds: Sequence[Sequence[int] | mx.array],
@@ -138,29 +145,33 @@ class BatchRuntime:
         logits: str = "all",
         capture_layers: Sequence[int] = (),
         skip_layers: Sequence[int] = (),
-    ) -> Forward:
+    ) -> BatchForward:
         """One forward feeding row b ``feeds[b]`` (token ids or a lazy array;
-        empty: the row takes no part), every row right-padded to the widest:
-        logits (B, W, vocab) and the captured layers' outputs (B, W, H),
-        lazy; ``logits="last"``: only each row's last fed position's, (B, 1,
-        vocab) (the LM head runs on those alone). ``skip_layers``: those
-        layers pass their input through (a partial forward, whose positions
-        the rows trim afterwards)."""
+        empty: the row takes no part, and where the batch is :attr:`ragged`
+        is not computed), the rows computed right-padded to the widest:
+        logits (R, W, vocab) and the captured layers' outputs (R, W, H) of
+        the R rows computed (``BatchForward.index``), lazy; ``logits="last"``:
+        only each row's last fed position's, (R, 1, vocab) (the LM head runs
+        on those alone). ``skip_layers``: those layers pass their input
+        through (a partial forward, whose positions the rows trim afterwards)."""
         if len(feeds) != len(self.rows):
             raise ValueError(f"{len(feeds)} feeds for {len(self.rows)} rows")
         widths = [len(f) if not isinstance(f, mx.array) else f.shape[0] for f in feeds]
-        last = mx.array([max(w - 1, 0) for w in widths], dtype=mx.int32) if logits == "last" else None
+        fed = [b for b, w in enumerate(widths) if w > 0]
+        if not self.ragged or not fed:
+            fed = list(range(len(widths)))
         width = max(widths)
         for table in self.tables.values():
             index = table.plan(width)
             for c in self.caches:
                 if isinstance(c, SlotKVCache) and c.table is table:
                     c.fit(index)
-            table.begin(widths)
-        x = _inputs(feeds, widths, width)
+            table.begin(widths, fed if len(fed) < len(widths) else None)
+        x = _inputs([feeds[b] for b in fed], [widths[b] for b in fed], width)
+        last = mx.array([max(widths[b] - 1, 0) for b in fed], dtype=mx.int32) if logits == "last" else None
         if self.recurrent is not None:
             self.recurrent.begin(widths)
-        taps = dict(capture_layers=capture_layers, skip_layers=skip_layers, keep_positions=last)
+        taps = dict(capture_layers=capture_layers, keep_positions=last, skip_layers=skip_layers)
         with tapped(self.model, **taps) as rec:
             out = self.model(x, cache=self.caches + self._shared)
         for table in self.tables.values():
@@ -169,7 +180,7 @@ class BatchRuntime:
             self.recurrent.end()
         if last is not None and self.target._decoder is None:  # no final norm to tap: cut the logits
             out = keep_rows(out, last)
-        return Forward(out, rec.layers)
+        return BatchForward(out, rec.layers, rows=tuple(fed))
 
     def trim(self, row_id: Any, n: int) -> None:
         """Drop row ``row_id``'s last ``n`` positions (within the last forward)."""
@@ -223,6 +234,18 @@ class BatchRuntime:
                 layers.append(self.recurrent.row_state(c, b))
         mx.eval([a for layer in layers for a in layer.arrays if a is not None])
         return Snapshot(tuple(tokens), tuple(layers), self.kv)
+
+
+@dataclass
+class BatchForward(Forward):
+    """A batch forward's outputs: ``logits`` and ``hidden`` hold one row per
+    batch row computed, ``rows`` (batch indices, in order)."""
+
+    rows: tuple[int, ...] = ()
+
+    def index(self, b: int) -> int:
+        """Where batch row ``b``'s outputs are (it must have been computed)."""
+        return self.rows.index(b)
 
 
 @dataclass(frozen=True)

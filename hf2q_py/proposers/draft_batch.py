@@ -294,7 +294,7 @@ class DraftBatch:
         fwd = self.batch.forward([feeds.get(b, []) for b in self.batch.rows], logits="last")
         for r in rows:
             r.model.cached.extend(r.feed)
-            r.logits = fwd.logits[self.batch.index(r.row), 0]
+            r.logits = fwd.logits[fwd.index(self.batch.index(r.row)), 0]
 
     def _run(self, rows: list[_Row]) -> tuple[int, list[tuple[int, float]]]:
         """The draft steps: each drawing row draws, the step before is judged
@@ -337,4 +337,4 @@ class DraftBatch:
         fwd = self.batch.forward([feeds.get(b, []) for b in self.batch.rows], logits="last")
         for r in feeding:
             r.fed += 1
-            r.logits = fwd.logits[self.batch.index(r.row), 0]
+            r.logits = fwd.logits[fwd.index(self.batch.index(r.row)), 0]

@@ -352,10 +352,10 @@ class LayerSkipRows:
                 row_feeds: list[Any] = [[] for _ in index]
                 for j in live:
                     row_feeds[index[asks[j].row]] = feeds[j]
-                logits = self.batch.forward(row_feeds, skip_layers=self.skip).logits
+                fwd = self.batch.forward(row_feeds, skip_layers=self.skip)
                 for j in live:
                     a = asks[j]
-                    y, q = a.proposer.decider.draft_token(logits[index[a.row], 0], a.tokens, i)
+                    y, q = a.proposer.decider.draft_token(fwd.logits[fwd.index(index[a.row]), 0], a.tokens, i)
                     feeds[j] = y.reshape(1)
                     steps[j].append(y)
                     dists[j].append(q)
