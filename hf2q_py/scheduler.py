@@ -51,7 +51,7 @@ from .batch.runtime import BatchRuntime, batch_refusal
 from .budget import MemoryBudget, MemoryLedger, Reservation, allocation_failure, arrays_bytes
 from .config import GenerationConfig
 from .distributed import RanksDiverged, agree, token_check
-from .draft_length.batch import BatchCosts, Offer, Pricing, plan_width
+from .draft_length.batch import BatchCosts, Offer, Pricing, Verify, plan_verify
 from .errors import Hf2qError, one_line
 from .kv import KVConfig
 from .proposers.base import BatchDrafter, DraftAsk
@@ -545,19 +545,21 @@ class Scheduler:
         turns, drafters = self._turns(self.rows)
         if not turns:
             return
-        width = plan_width([e.seq.offer(t) for e, t in turns], self.costs)
-        for e, t in turns:
-            e.seq.cut(t, width)
+        plan = plan_verify([e.seq.offer(t) for e, t in turns], self.costs, self.batch.ragged)
+        for forward in plan:
+            for i in forward.rows:
+                e, t = turns[i]
+                e.seq.cut(t, forward.width)
         t0 = time.perf_counter()
         results, error = [], None
         try:
-            host = self._verify(turns)
+            host = self._verify(turns, plan)
             seconds = time.perf_counter() - t0
             results = [e.seq.resolve(t, parts) for (e, t), parts in zip(turns, host)]
         except Exception as e:  # noqa: BLE001 - a failed forward leaves the batch's caches unknown
             seconds, error = time.perf_counter() - t0, e
-        positions = len(turns) * (max(len(t.draft) for _, t in turns) + 1)
-        verify = self._verify_share(positions, seconds, drafters)
+        sizes = [len(f.rows) * max(len(turns[i][1].draft) + 1 for i in f.rows) for f in plan]
+        verify = self._verify_share(sum(sizes), seconds, drafters)
         try:
             seconds, verify = self._agreed(
                 [seconds, verify], _tokens_check(results), failed=error is not None
@@ -567,11 +569,22 @@ class Scheduler:
         if error is not None:
             self._reset(error)
             return
-        self.costs.update(positions, verify)
+        self._learn(sizes, verify)
         self.rounds_by_size[len(turns)] = self.rounds_by_size.get(len(turns), 0) + 1
         self.batch.settle()
         for (e, t), result in zip(turns, results):
             self._emit(e, e.seq.record, t, result, seconds=seconds)
+
+    def _learn(self, sizes: list[int], seconds: float) -> None:
+        """The batch's costs learn a round's verify forwards (of ``sizes``
+        positions) took ``seconds`` together: each its share as the costs
+        price them now."""
+        if len(sizes) == 1:
+            self.costs.update(sizes[0], seconds)
+            return
+        priced = [self.costs.cost(n) for n in sizes]
+        for n, p in zip(sizes, priced):
+            self.costs.update(n, seconds * p / sum(priced))
 
     def _agreed(self, values: list[float], check: int = 0, *, failed: bool = False) -> list[float]:
         """``values`` as every rank decides from them: on a sharded target rank
@@ -648,12 +661,18 @@ class Scheduler:
             e.seq.take(t, draft)
         return drafter
 
-    def _verify(self, turns: list[tuple[Entry, Turn]]) -> list[list[list[float]]]:
-        """The batched forward and its one read: every row's read parts."""
+    def _verify(self, turns: list[tuple[Entry, Turn]], plan: list[Verify]) -> list[list[list[float]]]:
+        """The round's verify forwards (``plan``: each feeding its rows) and
+        its one read: every row's read parts."""
         capture = sorted({i for e, _ in turns for i in e.seq.capture})
-        fwd = self.batch.forward([e.seq.inputs(t) for e, t in turns], capture_layers=capture)
+        forwards = {}
+        for forward in plan:
+            feeds = [e.seq.inputs(t) if b in forward.rows else [] for b, (e, t) in enumerate(turns)]
+            fwd = self.batch.forward(feeds, capture_layers=capture)
+            forwards.update({b: fwd for b in forward.rows})
         parts = []
         for b, (e, t) in enumerate(turns):
+            fwd = forwards[b]
             width, r = len(t.draft) + 1, fwd.index(b)
             e.seq.judge(t, fwd.logits[r, :width])
             t.hidden = {i: fwd.hidden[i][r : r + 1, :width] for i in e.seq.capture}

@@ -16,7 +16,16 @@ from models import random_prompt, tiny_target
 from test_batching import PROMPTS, REJECTING, submit
 
 import hf2q_py
-from hf2q_py.draft_length.batch import BatchCosts, DraftPlan, Offer, StepCosts, plan_steps
+from hf2q_py.draft_length.batch import (
+    BatchCosts,
+    CatchUpCosts,
+    DraftPlan,
+    Offer,
+    StepCosts,
+    Verify,
+    plan_steps,
+    plan_verify,
+)
 from hf2q_py.proposers.draft_batch import DraftBatch, step_seconds
 from hf2q_py.scheduler import Scheduler, SchedulerConfig
 from hf2q_py.tools.reads import count_reads
@@ -328,6 +337,37 @@ def test_a_draft_model_whose_steps_never_pay_probes_again_with_its_own_step_pric
     counts = [plan.drafts(rows, step=50.0) for _ in range(40)]  # a step priced far too dear ...
     assert counts[0] == 0 and max(counts) == plan.probes.probe_k  # ... still probes now and then
     assert plan.drafts(rows, step=0.05) > 0  # and drafts again once its price is right
+
+
+def cpu_costs() -> BatchCosts:
+    """A compute-bound forward: a third of a second to read the weights, 23 ms a position."""
+    costs = BatchCosts()
+    for n in (1, 4, 16, 64, 132):
+        costs.update(n, 0.34 + 0.023 * n)
+    return costs
+
+
+def test_a_row_copying_a_long_run_is_verified_apart_from_rows_with_no_drafts_where_forwards_are_ragged():
+    copying, plain = Offer(32, [0.97] * 32), Offer(0)
+    offers = [plain, copying, plain, plain]
+    assert plan_verify(offers, cpu_costs(), ragged=True) == [Verify((1,), 33), Verify((0, 2, 3), 1)]
+    (one,) = plan_verify(offers, cpu_costs(), ragged=False)  # padded: one width for every row
+    assert one.rows == (0, 1, 2, 3) and one.width < 33
+    alike = [Offer(8, [0.9] * 8)] * 4  # rows alike share one forward
+    assert len(plan_verify(alike, cpu_costs(), ragged=True)) == 1
+
+
+def test_a_draft_models_catch_up_on_copied_tokens_counts_against_its_steps():
+    rows, others = [Offer(8, [0.8**j for j in range(1, 9)])] * 2, [Offer(0)] * 2
+    costs = cpu_costs()
+    assert plan_steps(rows, others, costs, 0.05, ragged=True) > 0
+    assert (
+        plan_steps(rows, others, costs, 0.05, ragged=True, start=5.0) == 0
+    )  # 100 copied tokens to read first
+    catch_ups = CatchUpCosts()
+    assert catch_ups.price(10, 0.2) == pytest.approx(10 * 0.25 * 0.2)  # the prior: a share of a step
+    catch_ups.update(40, 2.0)
+    assert catch_ups.price(10, 0.2) == pytest.approx(0.5)  # measured: 50 ms a token
 
 
 def test_batched_rows_of_a_draft_model_that_drafts_badly_draft_little():

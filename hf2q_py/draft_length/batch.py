@@ -21,11 +21,15 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
+import numpy as np
+
 from .policy import Policy
 from .probes import ProbeSchedule
 
 #: A wider batch (or one more draft step) must promise this much more than the best narrower one.
 WIDER_MARGIN = 0.02
+#: Two verify forwards must promise this much more than one.
+SPLIT_MARGIN = 0.05
 
 
 @dataclass
@@ -128,6 +132,27 @@ class StepCosts:
 
 
 @dataclass
+class CatchUpCosts:
+    """What a draft model's catch-up costs (the committed tokens its rows
+    read before they draft: copied runs, accepted drafts): decayed mean
+    seconds per token, measured from the rounds it drafted; until then
+    ``prior`` of a draft step per token."""
+
+    prior: float = 0.25
+    seconds: float = 0.0
+    tokens: float = 0.0
+
+    def update(self, tokens: int, seconds: float) -> None:
+        """Reading ``tokens`` took ``seconds``."""
+        self.seconds = 0.9 * self.seconds + seconds
+        self.tokens = 0.9 * self.tokens + tokens
+
+    def price(self, tokens: int, step: float) -> float:
+        """Reading ``tokens``, a step costing ``step`` (seconds once measured)."""
+        return tokens * (self.seconds / self.tokens if self.tokens > 0 else self.prior * step)
+
+
+@dataclass
 class Offer:
     """One row's drafts for the round: how many it has, and the chance that
     each prefix of them is accepted (``survival[j]``: the first j + 1)."""
@@ -157,6 +182,73 @@ def plan_width(offers: Sequence[Offer], costs: BatchCosts, step_cost: float = 0.
     return _best_width(offers, costs, 0.0)[0]
 
 
+@dataclass(frozen=True)
+class Verify:
+    """One verify forward of a round: the rows it feeds (indices into the
+    round's offers) and its width."""
+
+    rows: tuple[int, ...]
+    width: int
+
+
+def plan_verify(offers: Sequence[Offer], costs: BatchCosts, ragged: bool = False) -> list[Verify]:
+    """The round's verify forwards: one, of :func:`plan_width`'s width, for
+    every row; or, where a forward computes only the rows it feeds
+    (``ragged``), two when they promise ``SPLIT_MARGIN`` more expected
+    tokens per second: the rows that expect the most tokens in one, the
+    rest in the other, each at its own width (a row copying a long run is
+    then not verified as narrowly as rows with few drafts, nor do they pay
+    for its width)."""
+    return _best_plan(offers, costs, 0.0, ragged)[0]
+
+
+def _best_plan(
+    offers: Sequence[Offer], costs: BatchCosts, extra: float, ragged: bool
+) -> tuple[list[Verify], float]:
+    """The best verify forwards and their expected tokens per second, the
+    round costing ``extra`` besides them."""
+    width, rate = _best_width(offers, costs, extra)
+    plan = [Verify(tuple(range(len(offers))), width)]
+    if not ragged or len(offers) < 2:
+        return plan, rate
+    split = _best_split(offers, costs, extra)
+    if split is not None and split[1] > rate * (1.0 + SPLIT_MARGIN):
+        return split
+    return plan, rate
+
+
+def _best_split(
+    offers: Sequence[Offer], costs: BatchCosts, extra: float
+) -> tuple[list[Verify], float] | None:
+    """The best two verify forwards, the rows ordered by the tokens they
+    expect at most and split in two runs, and their tokens per second."""
+    widest = max(o.drafts for o in offers) + 1
+    tokens = np.array([_tokens_by_width(o, widest) for o in offers])  # (rows, widths)
+    order = np.argsort(-tokens.max(axis=1), kind="stable")
+    cost = np.array([costs.cost(n) for n in range(1, len(offers) * widest + 1)])
+    widths = np.arange(1, widest + 1)
+    best = None
+    for s in range(1, len(offers)):
+        wide, narrow = order[:s], order[s:]
+        ta, tb = tokens[wide].sum(axis=0), tokens[narrow].sum(axis=0)
+        ca, cb = cost[len(wide) * widths - 1], cost[len(narrow) * widths - 1]
+        rates = (ta[:, None] + tb[None, :]) / (ca[:, None] + cb[None, :] + extra)
+        i, j = np.unravel_index(np.argmax(rates), rates.shape)
+        if best is None or rates[i, j] > best[1]:
+            rows = (tuple(sorted(int(r) for r in wide)), tuple(sorted(int(r) for r in narrow)))
+            best = ([Verify(rows[0], int(i) + 1), Verify(rows[1], int(j) + 1)], float(rates[i, j]))
+    return best
+
+
+def _tokens_by_width(offer: Offer, widest: int) -> list[float]:
+    """A row's expected tokens by verify width 1 .. ``widest`` (a fixed K: -inf
+    below its whole drafts' width)."""
+    if offer.fixed:
+        return [-np.inf if w <= offer.drafts else 1.0 + offer.drafts for w in range(1, widest + 1)]
+    curve = offer.expected()
+    return [curve[min(w - 1, len(curve) - 1)] for w in range(1, widest + 1)]
+
+
 def _best_width(offers: Sequence[Offer], costs: BatchCosts, extra: float) -> tuple[int, float]:
     """The best width and its expected tokens per second, the round costing
     ``extra`` besides its forward."""
@@ -174,19 +266,27 @@ def _best_width(offers: Sequence[Offer], costs: BatchCosts, extra: float) -> tup
     return best, best_rate
 
 
-def plan_steps(drafted: Sequence[Offer], others: Sequence[Offer], costs: BatchCosts, step: float) -> int:
+def plan_steps(
+    drafted: Sequence[Offer],
+    others: Sequence[Offer],
+    costs: BatchCosts,
+    step: float,
+    ragged: bool = False,
+    start: float = 0.0,
+) -> int:
     """How many steps a batch drafter takes for the rows it drafts for
     (``drafted``: what each asks for; each gets at most that many): the K
     whose round promises the most expected tokens per second over the batch,
-    the round costing K steps of ``step`` (in ``costs``' units) and the
-    verify of the width :func:`plan_width` would choose for those rows'
-    first K drafts and the ``others``' drafts. Rows with a fixed K get
-    theirs whole."""
+    the round costing K steps of ``step`` (in ``costs``' units), ``start``
+    if K > 0 (a draft model's catch-up) and the verify forwards
+    :func:`plan_verify` would choose for those rows' first K drafts and the
+    ``others``' drafts. Rows with a fixed K get theirs whole."""
     most = max((o.drafts for o in drafted), default=0)
     best = max((o.drafts for o in drafted if o.fixed), default=0)
     best_rate = -1.0
     for k in range(best, most + 1):
-        _, rate = _best_width([o.head(k) for o in drafted] + list(others), costs, k * step)
+        extra = k * step + (start if k else 0.0)
+        _, rate = _best_plan([o.head(k) for o in drafted] + list(others), costs, extra, ragged)
         if rate > best_rate * (1.0 + WIDER_MARGIN):
             best, best_rate = k, rate
     return best
@@ -220,14 +320,22 @@ class DraftPlan:
     probes: ProbeSchedule = field(default_factory=ProbeSchedule)
     costs: BatchCosts = field(default_factory=BatchCosts)
     probing: bool = False
+    ragged: bool = False  # the batch's forwards compute only the rows they feed (``BatchRuntime.ragged``)
 
-    def drafts(self, offers: Sequence[Offer], others: Sequence[Offer] = (), step: float | None = None) -> int:
+    def drafts(
+        self,
+        offers: Sequence[Offer],
+        others: Sequence[Offer] = (),
+        step: float | None = None,
+        start: float = 0.0,
+    ) -> int:
         """Steps to draft for ``offers`` beside the batch's ``others``;
         ``step``: what one costs in ``costs``' units (default: ``step_cost``
-        decodes of all the rows)."""
-        decode = self.costs.cost(len(offers) + len(others))
+        decodes of the rows a step computes); ``start``: what drafting at
+        all costs besides (a draft model's catch-up)."""
+        decode = self.costs.cost(len(offers) + (0 if self.ragged else len(others)))
         step = self.step_cost * decode if step is None else step
-        n = plan_steps(offers, others, self.costs, step)
+        n = plan_steps(offers, others, self.costs, step, self.ragged, start)
         if self.probing:
             self.probes.probed(n > 0, self.probes.probe_k * step / decode)
             self.probing = False

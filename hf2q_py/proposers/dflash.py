@@ -90,7 +90,7 @@ class DFlashProposer(Proposer):
 
     def batch_drafter(self, batch: Any) -> tuple[Hashable, Callable[[], DFlashRows]]:
         """Rows drafting with the same drafter draft together, one forward for all of them."""
-        return batch_key(self.drafter), lambda: DFlashRows(self.drafter, self.head, batch.costs)
+        return batch_key(self.drafter), lambda: DFlashRows(self.drafter, self.head, batch.costs, batch.ragged)
 
     def lend_context(self) -> DrafterCache:
         """Its drafter context, pending features included, given to a batch

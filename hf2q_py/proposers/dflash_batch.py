@@ -131,13 +131,15 @@ class DFlashRows:
     forward; the features wait). A row's context moves in with it
     (``join``) and out again (``leave``)."""
 
-    def __init__(self, drafter: Drafter, head: TargetHead, costs: BatchCosts | None = None):
+    def __init__(
+        self, drafter: Drafter, head: TargetHead, costs: BatchCosts | None = None, ragged: bool = False
+    ):
         self.drafter, self.head = drafter, head
         self.cfg = drafter.config
         self.contexts = DrafterRows(drafter)
         self.members: dict[Hashable, DFlashRow] = {}
         # one forward drafts any number: only the verify prices them (at the batch's costs)
-        self.plan = DraftPlan(costs=costs or BatchCosts())
+        self.plan = DraftPlan(costs=costs or BatchCosts(), ragged=ragged)
 
     def join(self, row: Hashable, proposer: DFlashRow) -> None:
         self.contexts.add(row, proposer.lend_context())

@@ -31,7 +31,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache
 
 from ..batch.runtime import BatchRuntime, batch_refusal
-from ..draft_length.batch import BatchCosts, DraftPlan, Pricing, StepCosts
+from ..draft_length.batch import BatchCosts, CatchUpCosts, DraftPlan, Pricing, StepCosts
 from ..draft_length.policy import MAX_K
 from ..draft_length.probes import ProbeSchedule
 from ..target import Runtime, Target
@@ -165,13 +165,18 @@ class DraftBatch:
     reads; until then ``ratio``, the draft's weights against the
     target's, times the target batch's forward of as many rows)."""
 
-    def __init__(self, draft: Target, ratio: float = 0.0, costs: BatchCosts | None = None):
+    def __init__(
+        self, draft: Target, ratio: float = 0.0, costs: BatchCosts | None = None, ragged: bool = False
+    ):
         self.draft = draft
         self.batch = BatchRuntime(draft, keep=MAX_K + 2)  # a round's drafts roll back on sliding windows too
         self.rows: dict[Hashable, DraftRow] = {}
         self.steps = StepCosts(ratio)
+        self.catch_ups = CatchUpCosts()
         #: How many steps pay (with probes while none does), at the target batch's ``costs``.
-        self.plan = DraftPlan(probes=ProbeSchedule(probe_k=PROBE_K), costs=costs or BatchCosts())
+        self.plan = DraftPlan(
+            probes=ProbeSchedule(probe_k=PROBE_K), costs=costs or BatchCosts(), ragged=ragged
+        )
         #: Forwards the last propose left unread, the batch's rows then, and the seconds it
         #: ran after its last read (a backend that computes inline may have run them there).
         self._unread = (0, 0, 0.0)
@@ -240,7 +245,9 @@ class DraftBatch:
             if draft is not None and ask.offer is not None:  # copies
                 others.append(ask.offer.head(len(draft)))
         step = self.steps.price(len(self.rows), self.plan.costs)
-        return self.plan.drafts([a.offer.head(n) for _, a, n in wanted], others, step)
+        unseen = sum(max(1, len(a.tokens) - len(a.proposer.model.cached)) for _, a, _ in wanted)
+        start = self.catch_ups.price(unseen, step)
+        return self.plan.drafts([a.offer.head(n) for _, a, n in wanted], others, step, start)
 
     def unread_seconds(self, costs: BatchCosts) -> float:
         forwards, rows, spent = self._unread
@@ -254,21 +261,34 @@ class DraftBatch:
     ) -> list[Draft]:
         """The rows' drafts: caches synced, catch-ups, then the steps (their
         measured seconds as ``agree`` gives them: rank 0's on a sharded target)."""
+        t0 = time.perf_counter()
         for r in rows:
             r.feed = r.model._sync(r.tokens)
             r.catch_up = len(r.feed)
         self._alone_catch_ups(rows)
-        t0 = time.perf_counter()
         self._catch_up(rows)
         forwards, reads = self._run(rows)
-        seconds = step_seconds(reads)
-        if seconds is not None:
-            (step,) = agree([seconds]) if agree is not None else [seconds]
-            self.steps.update(len(self.batch.rows), step)
+        self._measure(reads, t0, sum(r.catch_up for r in rows), agree)
         drafts = [r.draft() for r in rows]
         timed, t_read = reads[-1] if reads else (0, t0)
         self._unread = (forwards - timed, len(self.batch.rows), time.perf_counter() - t_read)
         return drafts
+
+    def _measure(
+        self, reads: list[tuple[int, float]], t0: float, tokens: int,
+        agree: Callable[[list[float]], list[float]] | None,
+    ) -> None:  # fmt: skip
+        """What a round's reads tell of a step's seconds, and of the
+        catch-up's (``tokens`` read before the first step, which the first
+        read waited for, with the steps before it)."""
+        step = step_seconds(reads)
+        if step is None:
+            return
+        i, first = reads[0]
+        values = [step, max(0.0, first - t0 - i * step)]
+        step, catch_up = agree(values) if agree is not None else values
+        self.steps.update(len(self.batch.rows), step)
+        self.catch_ups.update(tokens, catch_up)
 
     def _alone_catch_ups(self, rows: list[_Row]) -> None:
         """Rows with a long catch-up, or not in the batch yet, read all but

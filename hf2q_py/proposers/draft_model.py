@@ -124,7 +124,9 @@ class DraftModelProposer(Proposer):
         """Rows drafting with the same draft model (the same Target) share one ``DraftBatch``."""
         if not self.batchable:
             return None
-        return ("draft model", self.draft), lambda: DraftBatch(self.draft, self.cost, batch.costs)
+        return ("draft model", self.draft), lambda: DraftBatch(
+            self.draft, self.cost, batch.costs, batch.ragged
+        )
 
     def route(self, tokens: Sequence[int], k: int) -> Draft | int:
         """A round's drafts made on the host (none here), or how many drafts

@@ -325,7 +325,11 @@ class LayerSkipRows:
 
     def __init__(self, batch: Any, skip: Sequence[int], model: Any):
         self.batch, self.skip = batch, list(skip)
-        self.plan = DraftPlan(step_cost=draft_cost_share(model, self.skip), costs=batch.costs or BatchCosts())
+        self.plan = DraftPlan(
+            step_cost=draft_cost_share(model, self.skip),
+            costs=batch.costs or BatchCosts(),
+            ragged=batch.ragged,
+        )
         self.rows: dict[Hashable, LayerSkipProposer] = {}
 
     def join(self, row: Hashable, proposer: LayerSkipProposer) -> None:
