@@ -14,7 +14,8 @@ reply with the whole function) and, with 8 clients, 2 of the 8 are stories.
 Measured: the wall time until every answer is in (aggregate tokens per
 second), each request's latency and time to first token, and whether each
 answer equals the same request's answer alone (hf2q-py's plain greedy
-decoding in this process). ``--method ngram`` (the default): both servers
+decoding in this process). ``--method ngram`` (the default) or
+``baseline`` (hf2q-py's plain decoding, batched the same way): both servers
 load the built-in model saved as an MLX folder (float32) with OpenBLAS
 loaded. ``--method draft``: the Qwen2.5-Coder 1.5B (target) and 0.5B
 (draft) Q4_K_M GGUFs (``--target``/``--draft``, default: assembled from
@@ -23,7 +24,7 @@ the same weights saved as MLX folders (float32). ``--old-tree`` also runs
 an older checkout's ``hf2q-py serve`` (one client) to compare one request
 alone with it.
 
-    python benchmarks/bench_concurrency.py [--clients 1,2,4,8] [--repeats 2] [--max-tokens 128] [--results benchmarks/results/concurrency.json]
+    python benchmarks/bench_concurrency.py [--method baseline] [--clients 1,2,4,8] [--repeats 2] [--max-tokens 128] [--results benchmarks/results/concurrency.json]
     python benchmarks/bench_concurrency.py --method draft --clients 1,4 [--target 1.5b.gguf --draft 0.5b.gguf] [--folder DIR] [--results benchmarks/results/concurrency_draft.json]
 """
 
@@ -123,9 +124,11 @@ class Engine:
     tree: str | None = None
 
 
-def ngram_engines(folder: Path, old_tree: str | None) -> list[Engine]:
-    out = [Engine("hf2q-py", "hf2q-py", folder), Engine("mlx_lm.server", "mlx_lm.server", folder)]
-    return out + ([Engine("hf2q-py (old tree)", "hf2q-py", folder, tree=old_tree)] if old_tree else [])
+def ngram_engines(folder: Path, old_tree: str | None, method: str = "ngram") -> list[Engine]:
+    """hf2q-py with ``method`` (ngram: its default; baseline: plain decoding) and mlx_lm.server."""
+    flags = ("--method", method) if method != "ngram" else ()
+    out = [Engine("hf2q-py", "hf2q-py", folder, flags), Engine("mlx_lm.server", "mlx_lm.server", folder)]
+    return out + ([Engine("hf2q-py (old tree)", "hf2q-py", folder, flags, tree=old_tree)] if old_tree else [])
 
 
 def draft_engines(
@@ -249,8 +252,9 @@ def exported(model: Path, folder: Path) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--method", choices=("ngram", "draft"), default="ngram",
-                    help="ngram: the built-in model; draft: the Qwen2.5-Coder 1.5B/0.5B pair")  # fmt: skip
+    ap.add_argument("--method", choices=("ngram", "baseline", "draft"), default="ngram",
+                    help="ngram, baseline (plain decoding): the built-in model; "
+                         "draft: the Qwen2.5-Coder 1.5B/0.5B pair")  # fmt: skip
     ap.add_argument("--clients", default="1,2,4,8")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -287,7 +291,7 @@ def main() -> None:
         raise Hf2qError(
             "--repeats, --max-tokens and --mlx-draft-tokens must be >= 1; clients between 1 and 8"
         )
-    if args.method == "ngram" and (args.target or args.draft):
+    if args.method != "draft" and (args.target or args.draft):
         raise Hf2qError("--target and --draft go with --method draft")
     if args.results:
         check_writable(args.results, "--results file")
@@ -304,7 +308,7 @@ def main() -> None:
             folder = where / "smollm2-mlx" if args.folder is None else where
             if not (folder / "config.json").is_file():
                 export_builtin(folder)
-            engines = ngram_engines(folder, args.old_tree)
+            engines = ngram_engines(folder, args.old_tree, args.method)
             reference = folder
         runs = run(engines, clients, args.repeats, args.max_tokens, log)
         refs = references(reference, runs, args.max_tokens)
@@ -333,7 +337,7 @@ def notes(args, engines: list[Engine]) -> str:
         )
     return (
         "Built-in SmolLM2-135M-Instruct saved as an MLX folder (float32), OpenBLAS in both servers; "
-        "hf2q-py serve at its defaults (method ngram, --max-batch 8), mlx_lm.server at its defaults "
+        f"hf2q-py serve at its defaults (method {args.method}, --max-batch 8), mlx_lm.server at its defaults "
         "(continuous batching); " + common
     )
 
