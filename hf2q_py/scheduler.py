@@ -8,7 +8,8 @@ when there is room (``max_batch``); one chunk of one joining prompt is
 prefilled (on its own runtime, so a long prompt never stalls the rows that
 decode; the prompt with the least left to prefill first, so short prompts
 start soonest); then the batch's rows run one round together (each row's
-drafts, one verify width for all rows, one forward, one read) and each
+drafts; one verify forward for all rows at one width, or two, each for its
+group of rows at its width, ``plan_verify``; one read) and each
 generation running alone runs one round on its own runtime. A generation
 runs alone when nothing could share its forwards (then it pipelines its
 decodes), when its proposer cannot draft for a batch (``Proposer.batchable``),
@@ -539,8 +540,8 @@ class Scheduler:
         self.alone.append(entry)
 
     def _round(self) -> None:
-        """One round of every row of the batch: drafts, one width, one forward,
-        one read; on a sharded target then one agreement (rank 0's seconds,
+        """One round of every row of the batch: drafts, the verify forwards
+        (one width for all rows, or two groups at two widths), one read; on a sharded target then one agreement (rank 0's seconds,
         every row's tokens checked). A failure fails every row (on every rank)."""
         turns, drafters = self._turns(self.rows)
         if not turns:

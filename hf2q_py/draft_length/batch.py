@@ -1,18 +1,24 @@
-"""Draft lengths for a batch: one verify width for all rows, priced by what a
-batched forward costs, and how many steps a batch drafter takes.
+"""Draft lengths for a batch: the verify forwards of a round (one width for
+all rows, or two groups of rows at two widths), priced by what a batched
+forward costs, and how many steps a batch drafter takes.
 
-A batched forward feeds every row the same number of positions (rows that
-feed fewer are padded), so its cost depends on ``rows x width``, not on any
-one row's drafts: within the width a row's drafts are free, past it every
-row pays a column. The width chosen is the one with the most expected
-tokens per second over the whole batch; each row's expected tokens come
-from its own policy's acceptance rates for its draft key.
+A batched forward feeds the rows it computes the same number of positions
+(rows that feed fewer are padded), so its cost depends on ``rows x width``,
+not on any one row's drafts: within the width a row's drafts are free, past
+it every row pays a column. The width chosen is the one with the most
+expected tokens per second over the whole batch; each row's expected
+tokens come from its own policy's acceptance rates for its draft key.
+Where a forward computes only the rows it feeds (``BatchRuntime.ragged``),
+:func:`plan_verify` may split the round in two forwards instead: the rows
+that expect the most tokens (a long copied run) at their width, the others
+at theirs, when the second forward's fixed cost buys more than the padding
+it saves.
 
 Rows whose drafts a batch drafter makes with forwards of its own (a draft
 model) pay for them before the width is chosen: K draft steps of the
-drafter's batched forward. :func:`plan_steps` chooses K with the same
-measure, the round costing the K steps (:class:`StepCosts`) and the verify
-width that follows.
+drafter's batched forward, and the committed tokens its rows have not read
+yet (:class:`CatchUpCosts`). :func:`plan_steps` chooses K with the same
+measure, the round costing those and the verify forwards that follow.
 """
 
 from __future__ import annotations
