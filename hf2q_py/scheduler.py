@@ -541,8 +541,9 @@ class Scheduler:
 
     def _round(self) -> None:
         """One round of every row of the batch: drafts, the verify forwards
-        (one width for all rows, or two groups at two widths), one read; on a sharded target then one agreement (rank 0's seconds,
-        every row's tokens checked). A failure fails every row (on every rank)."""
+        (one width for all rows, or two groups at two widths), one read; on
+        a sharded target then one agreement (rank 0's seconds, every row's
+        tokens checked). A failure fails every row (on every rank)."""
         turns, drafters = self._turns(self.rows)
         if not turns:
             return
