@@ -52,6 +52,7 @@ class SlotTable:
         self.packs = 0  # times the slots were packed
         self._mask: tuple[int, mx.array] | None = None
         self._offset: mx.array | None = None
+        self._fed: mx.array | None = None
 
     @property
     def rows(self) -> int:
@@ -119,7 +120,13 @@ class SlotTable:
         self.pos[:, self.used : self.used + width] = cols
         self.width = width
         self.fed = None if fed is None else np.asarray(fed, dtype=np.int32)
-        self._mask = self._offset = None
+        self._mask = self._offset = self._fed = None
+
+    def fed_rows(self) -> mx.array | None:
+        """The rows this forward computes (None: every row)."""
+        if self.fed is not None and self._fed is None:
+            self._fed = mx.array(self.fed)
+        return self._fed
 
     def _computed(self, rows: np.ndarray) -> np.ndarray:
         """The computed rows' entries of a per-row table."""
@@ -154,7 +161,7 @@ class SlotTable:
         self.used += self.width
         self.offsets = self.offsets + (self.pos[:, self.used - self.width : self.used] < EMPTY).sum(axis=1)
         self.width = 0
-        self.fed = None
+        self.fed = self._fed = None
         self._mask = self._offset = None
 
     def trim(self, row: int, n: int) -> None:
@@ -211,18 +218,12 @@ class SlotKVCache:
         keys, values = self.kv.encode(keys), self.kv.encode(values)
         if self.keys is None:
             self._allocate(keys, values)
-        start, width = t.used, stores.length(keys)
-        if t.fed is not None:  # some rows computed: theirs written, theirs read
-            rows = mx.array(t.fed)
-            stores.write(self.keys, start, keys, rows)
-            stores.write(self.values, start, values, rows)
-            end = start + width
-            return stores.take_rows(stores.positions(self.keys, 0, end), rows), stores.take_rows(
-                stores.positions(self.values, 0, end), rows
-            )
-        stores.write(self.keys, start, keys)
-        stores.write(self.values, start, values)
-        return stores.positions(self.keys, 0, start + width), stores.positions(self.values, 0, start + width)
+        start, end = t.used, t.used + stores.length(keys)
+        rows = t.fed_rows()  # None: every row computed, else only theirs written and read
+        stores.write(self.keys, start, keys, rows)
+        stores.write(self.values, start, values, rows)
+        k, v = stores.positions(self.keys, 0, end), stores.positions(self.values, 0, end)
+        return (k, v) if rows is None else (stores.take_rows(k, rows), stores.take_rows(v, rows))
 
     def _allocate(self, keys, values) -> None:
         cap = self.table.capacity

@@ -60,6 +60,7 @@ class BatchCosts:
 
     def __post_init__(self) -> None:
         self._points: list[tuple[int, float]] | None = None
+        self._curve = np.zeros(0)  # costs by size (``curve``), until the next update
 
     @property
     def measured(self) -> bool:
@@ -71,6 +72,7 @@ class BatchCosts:
         self.seconds[positions] = 0.9 * self.seconds.get(positions, 0.0) + seconds
         self.counts[positions] = 0.9 * self.counts.get(positions, 0.0) + 1.0
         self._points = None
+        self._curve = np.zeros(0)
 
     def points(self) -> list[tuple[int, float]]:
         """The measured sizes and their mean seconds on the curve's lower convex hull, by size."""
@@ -79,6 +81,12 @@ class BatchCosts:
                 sorted((n, self.seconds[n] / c) for n, c in self.counts.items() if c > 0)
             )
         return self._points
+
+    def curve(self, n: int) -> np.ndarray:
+        """The costs of forwards of 1 .. ``n`` positions (index: positions - 1)."""
+        if len(self._curve) < n:
+            self._curve = np.array([self.cost(i) for i in range(1, n + 1)])
+        return self._curve[:n]
 
     def cost(self, positions: int) -> float:
         """The seconds of a forward of ``positions`` (relative units until measured)."""
@@ -182,12 +190,6 @@ def offer(policy: Policy, key: Hashable, drafts: int) -> Offer:
     return Offer(drafts, fixed=True) if rates is None else Offer(drafts, rates)
 
 
-def plan_width(offers: Sequence[Offer], costs: BatchCosts, step_cost: float = 0.0) -> int:
-    """The verify width (drafts + 1) with the most expected tokens per second
-    over the batch; rows with a fixed K get theirs verified whole."""
-    return _best_width(offers, costs, 0.0)[0]
-
-
 @dataclass(frozen=True)
 class Verify:
     """One verify forward of a round: the rows it feeds (indices into the
@@ -198,8 +200,9 @@ class Verify:
 
 
 def plan_verify(offers: Sequence[Offer], costs: BatchCosts, ragged: bool = False) -> list[Verify]:
-    """The round's verify forwards: one, of :func:`plan_width`'s width, for
-    every row; or, where a forward computes only the rows it feeds
+    """The round's verify forwards: one for every row, at the width with the
+    most expected tokens per second over the batch (rows with a fixed K get
+    theirs verified whole); or, where a forward computes only the rows it feeds
     (``ragged``), two when they promise ``SPLIT_MARGIN`` more expected
     tokens per second: the rows that expect the most tokens in one, the
     rest in the other, each at its own width (a row copying a long run is
@@ -213,60 +216,57 @@ def _best_plan(
 ) -> tuple[list[Verify], float]:
     """The best verify forwards and their expected tokens per second, the
     round costing ``extra`` besides them."""
-    width, rate = _best_width(offers, costs, extra)
+    if not offers:
+        return [Verify((), 1)], 0.0
+    widest = max(o.drafts for o in offers) + 1
+    tokens = np.array([_tokens_by_width(o, widest) for o in offers])  # (rows, widths)
+    cost = costs.curve(len(offers) * widest)  # index: positions - 1
+    width, rate = _best_width(tokens, cost, extra)
     plan = [Verify(tuple(range(len(offers))), width)]
     if not ragged or len(offers) < 2:
         return plan, rate
-    split = _best_split(offers, costs, extra)
-    if split is not None and split[1] > rate * (1.0 + SPLIT_MARGIN):
+    split = _best_split(tokens, cost, extra)
+    if split[1] > rate * (1.0 + SPLIT_MARGIN):
         return split
     return plan, rate
 
 
-def _best_split(
-    offers: Sequence[Offer], costs: BatchCosts, extra: float
-) -> tuple[list[Verify], float] | None:
-    """The best two verify forwards, the rows ordered by the tokens they
-    expect at most and split in two runs, and their tokens per second."""
-    widest = max(o.drafts for o in offers) + 1
-    tokens = np.array([_tokens_by_width(o, widest) for o in offers])  # (rows, widths)
+def _best_split(tokens: np.ndarray, cost: np.ndarray, extra: float) -> tuple[list[Verify], float]:
+    """The best two verify forwards, the rows (of ``tokens``: expected tokens
+    by width) ordered by the tokens they expect at most and split in two
+    runs, and their tokens per second: every split and pair of widths priced at once."""
+    rows, widest = tokens.shape
     order = np.argsort(-tokens.max(axis=1), kind="stable")
-    cost = np.array([costs.cost(n) for n in range(1, len(offers) * widest + 1)])
-    widths = np.arange(1, widest + 1)
-    best = None
-    for s in range(1, len(offers)):
-        wide, narrow = order[:s], order[s:]
-        ta, tb = tokens[wide].sum(axis=0), tokens[narrow].sum(axis=0)
-        ca, cb = cost[len(wide) * widths - 1], cost[len(narrow) * widths - 1]
-        rates = (ta[:, None] + tb[None, :]) / (ca[:, None] + cb[None, :] + extra)
-        i, j = np.unravel_index(np.argmax(rates), rates.shape)
-        if best is None or rates[i, j] > best[1]:
-            rows = (tuple(sorted(int(r) for r in wide)), tuple(sorted(int(r) for r in narrow)))
-            best = ([Verify(rows[0], int(i) + 1), Verify(rows[1], int(j) + 1)], float(rates[i, j]))
-    return best
+    finite = np.maximum(tokens[order], -1e9)  # a fixed K's -inf, kept finite for the sums
+    wide = np.cumsum(finite, axis=0)[:-1]  # (splits, widths): the tokens of the first s + 1 rows
+    narrow = finite.sum(axis=0) - wide
+    counts, widths = np.arange(1, rows)[:, None], np.arange(1, widest + 1)[None, :]
+    ca, cb = cost[counts * widths - 1], cost[(rows - counts) * widths - 1]
+    rates = (wide[:, :, None] + narrow[:, None, :]) / (ca[:, :, None] + cb[:, None, :] + extra)
+    s, i, j = np.unravel_index(np.argmax(rates), rates.shape)
+    groups = (tuple(sorted(int(r) for r in order[: s + 1])), tuple(sorted(int(r) for r in order[s + 1 :])))
+    return [Verify(groups[0], int(i) + 1), Verify(groups[1], int(j) + 1)], float(rates[s, i, j])
 
 
-def _tokens_by_width(offer: Offer, widest: int) -> list[float]:
+def _tokens_by_width(offer: Offer, widest: int) -> np.ndarray:
     """A row's expected tokens by verify width 1 .. ``widest`` (a fixed K: -inf
     below its whole drafts' width)."""
+    widths = np.arange(1, widest + 1)
     if offer.fixed:
-        return [-np.inf if w <= offer.drafts else 1.0 + offer.drafts for w in range(1, widest + 1)]
-    curve = offer.expected()
-    return [curve[min(w - 1, len(curve) - 1)] for w in range(1, widest + 1)]
+        return np.where(widths <= offer.drafts, -np.inf, 1.0 + offer.drafts)
+    curve = np.asarray(offer.expected())
+    return curve[np.minimum(widths, len(curve)) - 1]
 
 
-def _best_width(offers: Sequence[Offer], costs: BatchCosts, extra: float) -> tuple[int, float]:
-    """The best width and its expected tokens per second, the round costing
-    ``extra`` besides its forward."""
-    rows = len(offers)
-    widest = max((o.drafts for o in offers), default=0) + 1
-    floor = max((o.drafts + 1 for o in offers if o.fixed), default=1)
-    fixed = sum(1.0 + o.drafts for o in offers if o.fixed)
-    curves = [o.expected() for o in offers if not o.fixed]
-    best, best_rate = floor, -1.0
-    for width in range(floor, widest + 1):
-        tokens = fixed + sum(c[min(width - 1, len(c) - 1)] for c in curves)
-        rate = tokens / (costs.cost(rows * width) + extra)
+def _best_width(tokens: np.ndarray, cost: np.ndarray, extra: float) -> tuple[int, float]:
+    """The best width for every row (``tokens``: their expected tokens by
+    width; rows with a fixed K verified whole) and its expected tokens per
+    second, the round costing ``extra`` besides its forward; a wider width
+    must promise ``WIDER_MARGIN`` more."""
+    rows, widest = tokens.shape
+    rates = tokens.sum(axis=0) / (cost[rows * np.arange(1, widest + 1) - 1] + extra)
+    best, best_rate = 1, -1.0
+    for width, rate in enumerate(rates.tolist(), start=1):
         if rate > best_rate * (1.0 + WIDER_MARGIN):
             best, best_rate = width, rate
     return best, best_rate
