@@ -283,8 +283,11 @@ class Sequence:
             self.take(turn, self.proposer.propose(self.tokens, turn.k))
 
     def take(self, turn: Turn, draft: Draft) -> None:
-        """The turn's drafts, made by the proposer or by a batch's drafter for it."""
+        """The turn's drafts, made by the proposer or by a batch's drafter for
+        it (under the key of their source, when it names one)."""
         self.catch_up += draft.catch_up
+        if draft.key is not None:
+            turn.key = draft.key
         turn.draft = draft.head(turn.k)
 
     def check(self, turn: Turn) -> None:
@@ -316,7 +319,7 @@ class Sequence:
     def _materialize(draft: Draft) -> Draft:
         """Lazy drafts read now (a read of their own), as token ids."""
         draft.values = draft.tokens.tolist()
-        return Draft(list(draft.values), draft.probs, draft.catch_up)
+        return Draft(list(draft.values), draft.probs, draft.catch_up, draft.key)
 
     # -- a round: its forward ----------------------------------------------------
     def inputs(self, turn: Turn) -> list[int] | mx.array:

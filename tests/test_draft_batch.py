@@ -26,6 +26,7 @@ from hf2q_py.draft_length.batch import (
     plan_steps,
     plan_verify,
 )
+from hf2q_py.proposers.combined import CombinedProposer
 from hf2q_py.proposers.draft_batch import DraftBatch, step_seconds
 from hf2q_py.scheduler import Scheduler, SchedulerConfig
 from hf2q_py.tools.reads import count_reads
@@ -365,9 +366,10 @@ def test_a_draft_models_catch_up_on_copied_tokens_counts_against_its_steps():
         plan_steps(rows, others, costs, 0.05, ragged=True, start=5.0) == 0
     )  # 100 copied tokens to read first
     catch_ups = CatchUpCosts()
-    assert catch_ups.price(10, 0.2) == pytest.approx(10 * 0.25 * 0.2)  # the prior: a share of a step
+    prior = catch_ups.price(10, 0.2, costs)  # the prior: a step scaled as the batch's forward of 10 positions
+    assert prior == pytest.approx(0.2 * costs.cost(10) / costs.cost(1)) and 0.2 < prior < 10 * 0.2
     catch_ups.update(40, 2.0)
-    assert catch_ups.price(10, 0.2) == pytest.approx(0.5)  # measured: 50 ms a token
+    assert catch_ups.price(10, 0.2, costs) == pytest.approx(0.5)  # measured: 50 ms a token
 
 
 def test_batched_rows_of_a_draft_model_that_drafts_badly_draft_little():
@@ -381,6 +383,39 @@ def test_batched_rows_of_a_draft_model_that_drafts_badly_draft_little():
     assert_each_equals_solo(target, jobs, sinks, max_tokens=60)
     late = [s.stats for s in sinks]
     assert sum(s.drafted for s in late) < sum(s.generated_tokens for s in late)
+
+
+def test_rows_the_draft_model_drafts_nothing_for_copy_shallow_matches_instead():
+    """Where no draft-model step pays (its drafts are rejected), a row's
+    drafts come from copies of matches too shallow to prefer over the model,
+    keyed as copy rounds; every row still equals its solo generation."""
+    target = tiny_target("llama", scale=2.0)
+    draft = tiny_target("llama", seed=1, scale=2.0)
+    made = []
+    fallback = CombinedProposer.fallback
+
+    def spied(self, tokens, k):
+        draft = fallback(self, tokens, k)
+        made.append(draft)
+        return draft
+
+    CombinedProposer.fallback = spied
+    try:
+        jobs = [(p, dict(DEFAULTS, draft=draft)) for p in PROMPTS[:4]]
+        scheduler, sinks = run_batched(target, jobs, max_tokens=60)
+    finally:
+        CombinedProposer.fallback = fallback
+    assert_each_equals_solo(target, jobs, sinks, max_tokens=60)
+    copies = [d for d in made if d]
+    assert copies and all(d.key[0] == "copy" for d in copies)
+    assert max(scheduler.rounds_by_size) == 4
+
+
+def test_a_probe_waits_while_the_catch_up_it_would_pay_costs_more_than_its_steps():
+    plan = DraftPlan(costs=cpu_costs())
+    rows = [Offer(8, [0.9**j for j in range(1, 9)])] * 4
+    assert max(plan.drafts(rows, step=50.0, start=1000.0) for _ in range(40)) == 0  # an unread prompt
+    assert max(plan.drafts(rows, step=50.0) for _ in range(40)) == plan.probes.probe_k
 
 
 def test_two_draft_models_in_one_batch_each_have_their_own_drafter():

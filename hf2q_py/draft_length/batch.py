@@ -148,11 +148,11 @@ class StepCosts:
 @dataclass
 class CatchUpCosts:
     """What a draft model's catch-up costs (the committed tokens its rows
-    read before they draft: copied runs, accepted drafts): decayed mean
-    seconds per token, measured from the rounds it drafted; until then
-    ``prior`` of a draft step per token."""
+    read before they draft: a lazily read prompt, copied runs, accepted
+    drafts): decayed mean seconds per token, measured from the rounds it
+    drafted; until then one forward over them, priced from a step as the
+    target batch's forward of as many positions is from a decode."""
 
-    prior: float = 0.25
     seconds: float = 0.0
     tokens: float = 0.0
 
@@ -161,9 +161,11 @@ class CatchUpCosts:
         self.seconds = 0.9 * self.seconds + seconds
         self.tokens = 0.9 * self.tokens + tokens
 
-    def price(self, tokens: int, step: float) -> float:
+    def price(self, tokens: int, step: float, costs: BatchCosts) -> float:
         """Reading ``tokens``, a step costing ``step`` (seconds once measured)."""
-        return tokens * (self.seconds / self.tokens if self.tokens > 0 else self.prior * step)
+        if self.tokens > 0:
+            return tokens * self.seconds / self.tokens
+        return step * costs.cost(tokens) / costs.cost(1) if tokens else 0.0
 
 
 @dataclass
@@ -320,7 +322,9 @@ class DraftPlan:
     layer skip; 0: one forward drafts any number, DFlash) unless the drafter
     prices its steps itself (a draft model). When no draft pays, a short
     probe now and then (``ProbeSchedule``) keeps the rows' rates and the
-    steps' price measured; rows with a fixed K get all theirs."""
+    steps' price measured, unless what drafting at all costs first (a draft
+    model's catch-up: a prompt it has not read) exceeds the probe's steps;
+    rows with a fixed K get all theirs."""
 
     step_cost: float = 0.0
     probes: ProbeSchedule = field(default_factory=ProbeSchedule)
@@ -342,13 +346,14 @@ class DraftPlan:
         decode = self.costs.cost(len(offers) + (0 if self.ragged else len(others)))
         step = self.step_cost * decode if step is None else step
         n = plan_steps(offers, others, self.costs, step, self.ragged, start)
+        probe = self.probes.probe_k * step
         if self.probing:
-            self.probes.probed(n > 0, self.probes.probe_k * step / decode)
+            self.probes.probed(n > 0, (probe + start) / decode)
             self.probing = False
         if n > 0:
             return n
         self.probes.tick()
-        if not self.probes.due():
+        if not self.probes.due() or start > probe:  # a probe that would mostly pay for a catch-up waits
             return 0
         self.probing = True
         return min(self.probes.probe_k, max((o.drafts for o in offers), default=0))

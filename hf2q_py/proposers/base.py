@@ -22,11 +22,15 @@ class Draft:
     reads them with its result). ``probs``: the (len(tokens), vocab)
     distributions they were drawn from, or None for point masses (argmax
     drafts, n-gram copies). ``catch_up``: committed tokens the proposer read
-    before drafting them (a draft model feeding what it has not seen)."""
+    before drafting them (a draft model feeding what it has not seen).
+    ``key``: the draft key of its source when a batch drafter made it from
+    another source than the round's key names (copies where a draft model
+    drafts none); None: the round's."""
 
     tokens: list[int] | mx.array = field(default_factory=list)
     probs: mx.array | None = None
     catch_up: int = 0
+    key: Hashable = None
     #: Lazy tokens' ids once the engine has read them with their verify.
     values: list[int] | None = None
 
@@ -48,12 +52,12 @@ class Draft:
         """The first ``k`` drafts (this draft itself when it has no more)."""
         if k >= len(self):
             return self
-        return Draft(self.tokens[:k], None if self.probs is None else self.probs[:k], self.catch_up)
+        return Draft(self.tokens[:k], None if self.probs is None else self.probs[:k], self.catch_up, self.key)
 
     def tail(self) -> Draft:
         """All drafts but the first (what stays valid once the first is confirmed);
         its catch-up was already counted with the whole draft."""
-        return Draft(self.tokens[1:], None if self.probs is None else self.probs[1:])
+        return Draft(self.tokens[1:], None if self.probs is None else self.probs[1:], key=self.key)
 
 
 class Proposer:

@@ -90,6 +90,19 @@ class CombinedProposer(Proposer):
         self.model_rounds += 1
         return min(k, self.model_k)
 
+    def fallback(self, tokens: Sequence[int], k: int) -> Draft:
+        """A batch row's drafts in a round its model drafts none for (the
+        batch's plan found no step that pays): copies from a match however
+        shallow, or followed through an edit, keyed as copy rounds (the
+        batch's planner prices their width by their own acceptance); else none."""
+        key = ("copy", self.copier.draft_key(tokens))
+        draft = self.copier.propose(tokens, k)
+        if not draft:
+            return Draft()
+        self.copied_rounds += 1
+        self.model_rounds -= 1
+        return replace(draft, key=key)
+
     def propose(self, tokens: Sequence[int], k: int) -> Draft:
         routed = self.route(tokens, k)
         return routed if isinstance(routed, Draft) else self.model.propose(tokens, routed)

@@ -218,7 +218,9 @@ class DraftBatch:
     def propose(self, asks: Sequence[DraftAsk], pricing: Pricing | None = None) -> list[Draft]:
         """Each ask's drafts: copies made on the host where its proposer copies
         (``route``), else the draft model's, made together; with ``pricing``,
-        the model's steps capped at what pays for the whole round."""
+        the model's steps capped at what pays for the whole round, and a row
+        the model then drafts none for takes its proposer's ``fallback``
+        (shallow copies, keyed as such)."""
         self._unread = (0, 0, 0.0)
         drafts: list[Draft | None] = []
         wanted: list[tuple[int, DraftAsk, int]] = []
@@ -233,8 +235,8 @@ class DraftBatch:
         rows = [_Row(a.row, a.proposer.model, a.tokens, n) for _, a, n in wanted if n > 0]
         agree = pricing.agree if pricing is not None else None
         made = iter(self._draft(rows, agree) if rows else [])
-        for i, _, n in wanted:
-            drafts[i] = next(made) if n > 0 else Draft()
+        for i, ask, n in wanted:
+            drafts[i] = next(made) if n > 0 else ask.proposer.fallback(ask.tokens, ask.k)
         return drafts
 
     def _plan(self, wanted: list[tuple[int, DraftAsk, int]], asks: Sequence[DraftAsk],
@@ -246,7 +248,7 @@ class DraftBatch:
                 others.append(ask.offer.head(len(draft)))
         step = self.steps.price(len(self.rows), self.plan.costs)
         unseen = sum(max(1, len(a.tokens) - len(a.proposer.model.cached)) for _, a, _ in wanted)
-        start = self.catch_ups.price(unseen, step)
+        start = self.catch_ups.price(unseen, step, self.plan.costs)
         return self.plan.drafts([a.offer.head(n) for _, a, n in wanted], others, step, start)
 
     def unread_seconds(self, costs: BatchCosts) -> float:

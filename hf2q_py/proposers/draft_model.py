@@ -133,6 +133,11 @@ class DraftModelProposer(Proposer):
         the model makes (a batch drafter asks this first)."""
         return k
 
+    def fallback(self, tokens: Sequence[int], k: int) -> Draft:
+        """A batch row's drafts in a round its model drafts none for (no step
+        pays): none here."""
+        return Draft()
+
     @property
     def profile(self) -> DraftProfile:
         """Drafting is charged per draft token (``split_drafting``), from this
