@@ -21,6 +21,7 @@ from test_batching import assert_fed_rows_equal_solo
 from test_engine import loopy_prompt
 
 import hf2q_py
+from hf2q_py.tools.ab import near_tie_bound
 from hf2q_py.cache import QuantizedKVCache, SlidingWindowCache
 from hf2q_py.errors import Hf2qError
 from hf2q_py.kv import KVConfig, kv_bytes_per_token, kv_footprint
@@ -64,8 +65,12 @@ def assert_same_greedy_kv(target, prompt: list[int], got: list[int], want: list[
     i = next((j for j in range(min(len(got), len(want))) if got[j] != want[j]), None)
     assert i is not None, f"lengths differ with equal prefix: {len(got)} vs {len(want)}"
     margin = margin_with_kv(target, prompt + want[:i])
-    assert margin < NEAR_TIE, (
-        f"diverged at token {i} where the top-2 margin is {margin:.4g}: {got[i]} vs {want[i]}"
+    # quantized KV widens near-ties (a key rounded to the next grid step), by how much depends
+    # on the BLAS kernels of the machine: the bound is measured here, as ``hf2q-py ab`` does
+    bound = max(NEAR_TIE, near_tie_bound(target, prompt + want).bound)
+    assert margin < bound, (
+        f"diverged at token {i} where the top-2 margin is {margin:.4g} (bound {bound:.4g}): "
+        f"{got[i]} vs {want[i]}"
     )
 
 
