@@ -310,7 +310,9 @@ class Scheduler:
             self.rounds_by_size[1] = self.rounds_by_size.get(1, 0) + 1
         self._rejoin()
         if len(self.rows) == 1 and not self.joining and not self.waiting:
-            self._to_alone(self.rows[0])
+            last = self.rows[0].seq
+            if last.proposer.goes_alone(last.tokens):
+                self._to_alone(self.rows[0])
         if self.ledger is not None:
             self._record()
 
@@ -652,7 +654,10 @@ class Scheduler:
         """Drafts for the rows that share one batch drafter, made together and
         priced against the ``others``' offers; if it fails, its rows leave."""
         drafter = self._row_drafters[members[0][0].id]
-        asks = [DraftAsk(e.id, e.seq.proposer, e.seq.tokens, t.k, e.seq.promise(t)) for e, t in members]
+        asks = [
+            DraftAsk(e.id, e.seq.proposer, e.seq.tokens, t.k, e.seq.promise(t), e.seq.price)
+            for e, t in members
+        ]
         try:
             drafts = drafter.propose(asks, Pricing(others, self._agreed))
         except Exception as error:  # noqa: BLE001

@@ -307,7 +307,11 @@ class Sequence:
 
     def promise(self, turn: Turn) -> Offer:
         """The turn's ``k`` drafts, before they are made, as the batch's planner prices them."""
-        return offer(self.policy, turn.key, turn.k)
+        return self.price(turn.key, turn.k)
+
+    def price(self, key: Hashable, drafts: int) -> Offer:
+        """``drafts`` drafts of class ``key`` as the batch's planner prices them."""
+        return offer(self.policy, key, drafts)
 
     def cut(self, turn: Turn, width: int) -> None:
         """Keep the drafts that fit a forward of ``width`` positions."""

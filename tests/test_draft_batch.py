@@ -232,12 +232,15 @@ def test_a_draft_generation_moves_from_alone_into_the_batch_and_back_and_still_e
         scheduler.step()
     assert first in scheduler.alone  # alone: the single-sequence loop, the draft on its own runtime
     _, second_sink = submit(scheduler, target, PROMPTS[1], max_tokens=12, **options)
-    batched = alone_again = False
+    batched = alone_again = behind = False
     while not scheduler.idle:
         scheduler.step()
         batched |= first in scheduler.rows
         alone_again |= batched and first in scheduler.alone
-    assert batched and alone_again
+        if scheduler.rows == [first]:  # its partner done: it stays only while its model is behind
+            behind = not first.seq.proposer.goes_alone(first.seq.tokens)
+            assert behind
+    assert batched and (alone_again or behind)
     for prompt, n, sink in ((PROMPTS[3], 60, first_sink), (PROMPTS[1], 12, second_sink)):
         want = hf2q_py.generate(target, prompt, max_tokens=n, **options).tokens
         assert_same_greedy(target.model, prompt, sink.tokens, want)
@@ -416,6 +419,50 @@ def test_a_probe_waits_while_the_catch_up_it_would_pay_costs_more_than_its_steps
     rows = [Offer(8, [0.9**j for j in range(1, 9)])] * 4
     assert max(plan.drafts(rows, step=50.0, start=1000.0) for _ in range(40)) == 0  # an unread prompt
     assert max(plan.drafts(rows, step=50.0) for _ in range(40)) == plan.probes.probe_k
+
+
+def test_a_draft_plan_weighs_its_steps_against_the_copies_its_rows_make_without_them():
+    """At K = 0 the rows verify what they draft without the model (shallow
+    copies, ``idle``), not nothing: steps that beat one token a row lose to
+    copies that promise more."""
+    costs = cpu_costs()
+    rows = [Offer(8, [0.9**j for j in range(1, 9)])] * 2
+    copies = [Offer(8, [0.97**j for j in range(1, 9)])] * 2
+    assert plan_steps(rows, [], costs, step=0.1) > 0
+    assert plan_steps(rows, [], costs, step=0.1, idle=[Offer(0)] * 2) > 0  # no copies: as before
+    assert plan_steps(rows, [], costs, step=0.1, idle=copies) == 0
+    plan = DraftPlan(costs=cpu_costs())
+    assert plan.drafts(rows, step=0.1, idle=copies) == 0
+
+
+def test_the_last_row_stays_in_the_batch_while_its_draft_model_has_not_read_its_context():
+    """A batch row that copied while its draft model drafted nothing (its
+    steps never paid) is not moved alone when the others finish: alone it
+    would read its whole context into the draft model before drafting, a
+    cost the batch's planner prices and the lone loop does not. It still
+    equals its solo generation."""
+    target = tiny_target("llama", scale=2.0)
+    draft = tiny_target("llama", seed=1, scale=2.0)  # drafts rejected: no step pays
+    options = dict(DEFAULTS, draft=draft)
+    scheduler = Scheduler(target, SchedulerConfig(max_batch=2))
+    budgets = [40, 80]
+    sinks = [submit(scheduler, target, p, max_tokens=n, **options)[1] for p, n in zip(PROMPTS, budgets)]
+    last_rows, rows = 0, set()
+    while not scheduler.idle:
+        scheduler.step()
+        for entry in scheduler.alone:  # moved out of the batch this step: only once caught up
+            assert entry.id not in rows or entry.seq.proposer.goes_alone(entry.seq.tokens)
+        rows = {e.id for e in scheduler.rows}
+        if len(scheduler.rows) == 1 and not scheduler.joining:
+            seq = scheduler.rows[0].seq
+            assert not seq.proposer.goes_alone(seq.tokens)
+            assert len(seq.tokens) - len(seq.proposer.model.cached) > 17
+            last_rows += 1
+    assert last_rows > 0
+    for prompt, n, sink in zip(PROMPTS, budgets, sinks):
+        assert sink.error is None, sink.error
+        want = hf2q_py.generate(target, prompt, max_tokens=n, **options).tokens
+        assert_same_greedy(target.model, prompt, sink.tokens, want)
 
 
 def test_two_draft_models_in_one_batch_each_have_their_own_drafter():

@@ -281,6 +281,7 @@ def plan_steps(
     step: float,
     ragged: bool = False,
     start: float = 0.0,
+    idle: Sequence[Offer] | None = None,
 ) -> int:
     """How many steps a batch drafter takes for the rows it drafts for
     (``drafted``: what each asks for; each gets at most that many): the K
@@ -288,13 +289,16 @@ def plan_steps(
     the round costing K steps of ``step`` (in ``costs``' units), ``start``
     if K > 0 (a draft model's catch-up) and the verify forwards
     :func:`plan_verify` would choose for those rows' first K drafts and the
-    ``others``' drafts. Rows with a fixed K get theirs whole."""
+    ``others``' drafts; at K = 0 the rows offer ``idle`` instead (drafts they
+    make without the drafter: shallow copies; default none). Rows with a
+    fixed K get theirs whole."""
     most = max((o.drafts for o in drafted), default=0)
     best = max((o.drafts for o in drafted if o.fixed), default=0)
     best_rate = -1.0
     for k in range(best, most + 1):
         extra = k * step + (start if k else 0.0)
-        _, rate = _best_plan([o.head(k) for o in drafted] + list(others), costs, extra, ragged)
+        rows = [o.head(k) for o in drafted] if k or idle is None else list(idle)
+        _, rate = _best_plan(rows + list(others), costs, extra, ragged)
         if rate > best_rate * (1.0 + WIDER_MARGIN):
             best, best_rate = k, rate
     return best
@@ -338,14 +342,16 @@ class DraftPlan:
         others: Sequence[Offer] = (),
         step: float | None = None,
         start: float = 0.0,
+        idle: Sequence[Offer] | None = None,
     ) -> int:
         """Steps to draft for ``offers`` beside the batch's ``others``;
         ``step``: what one costs in ``costs``' units (default: ``step_cost``
         decodes of the rows a step computes); ``start``: what drafting at
-        all costs besides (a draft model's catch-up)."""
+        all costs besides (a draft model's catch-up); ``idle``: what the
+        rows offer if it drafts nothing (:func:`plan_steps`)."""
         decode = self.costs.cost(len(offers) + (0 if self.ragged else len(others)))
         step = self.step_cost * decode if step is None else step
-        n = plan_steps(offers, others, self.costs, step, self.ragged, start)
+        n = plan_steps(offers, others, self.costs, step, self.ragged, start, idle)
         probe = self.probes.probe_k * step
         if self.probing:
             self.probes.probed(n > 0, (probe + start) / decode)

@@ -93,6 +93,13 @@ class Proposer:
         their ``BatchDrafter`` (made once per key while rows use it)."""
         return None
 
+    def goes_alone(self, tokens: Sequence[int]) -> bool:
+        """Whether its generation, the last row of a batch, may go on alone
+        (pipelined) after ``tokens``: False while it would first read, unpriced,
+        what its batch drafter's planner kept it from reading (a draft model
+        behind the copies its row took); the generation then stays a batch row."""
+        return True
+
     #: What the proposer knows about its drafts (priors per draft key, drafting
     #: cost, minimum K): the draft-length policy is made from it.
     profile = DraftProfile()
@@ -156,13 +163,15 @@ class PlainDecoding(Proposer):
 class DraftAsk:
     """One row's request to a ``BatchDrafter``: up to ``k`` drafts after
     ``tokens``; ``offer``: those ``k`` drafts as the batch's planner prices
-    them (its policy's survival for the row's draft key)."""
+    them (its policy's survival for the row's draft key); ``price``: how it
+    prices ``n`` drafts of another key (a fallback's)."""
 
     row: Hashable
     proposer: Proposer
     tokens: Sequence[int]
     k: int
     offer: Offer | None = None
+    price: Callable[[Hashable, int], Offer] | None = None
 
 
 def ask_offer(ask: DraftAsk) -> Offer:

@@ -41,8 +41,6 @@ class CombinedProposer(Proposer):
     def __init__(self, model: DraftModelProposer, copier: SuffixProposer, min_depth: int, model_k: int):
         self.model, self.copier = model, copier
         self.min_depth, self.model_k = min_depth, model_k
-        self.copied_rounds = 0  # rounds drafted by copying (statistics)
-        self.model_rounds = 0
 
     @property
     def profile(self) -> DraftProfile:
@@ -62,6 +60,9 @@ class CombinedProposer(Proposer):
     @property
     def batchable(self) -> bool:
         return self.model.batchable
+
+    def goes_alone(self, tokens: Sequence[int]) -> bool:
+        return self.model.goes_alone(tokens)
 
     def batch_drafter(self, batch: Any) -> tuple[Hashable, Callable[[], BatchDrafter]] | None:
         """The draft model's (copies need none)."""
@@ -85,23 +86,19 @@ class CombinedProposer(Proposer):
         if self._depth(tokens) >= self.min_depth:
             draft = self.copier.propose(tokens, k)
             if draft:
-                self.copied_rounds += 1
                 return draft
-        self.model_rounds += 1
         return min(k, self.model_k)
 
     def fallback(self, tokens: Sequence[int], k: int) -> Draft:
         """A batch row's drafts in a round its model drafts none for (the
         batch's plan found no step that pays): copies from a match however
         shallow, or followed through an edit, keyed as copy rounds (the
-        batch's planner prices their width by their own acceptance); else none."""
-        key = ("copy", self.copier.draft_key(tokens))
+        batch's planner prices their width by their own acceptance); else none.
+        Asked before the batch's planner decides (it prices them), so it only reads."""
         draft = self.copier.propose(tokens, k)
         if not draft:
             return Draft()
-        self.copied_rounds += 1
-        self.model_rounds -= 1
-        return replace(draft, key=key)
+        return replace(draft, key=("copy", self.copier.draft_key(tokens)))
 
     def propose(self, tokens: Sequence[int], k: int) -> Draft:
         routed = self.route(tokens, k)

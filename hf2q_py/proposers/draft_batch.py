@@ -229,27 +229,34 @@ class DraftBatch:
             drafts.append(routed if isinstance(routed, Draft) else None)
             if not isinstance(routed, Draft):
                 wanted.append((i, ask, routed))
+        spare = {i: ask.proposer.fallback(ask.tokens, ask.k) for i, ask, _ in wanted}
         if wanted and pricing is not None and all(a.offer is not None for _, a, _ in wanted):
-            cap = self._plan(wanted, asks, drafts, pricing)
+            cap = self._plan(wanted, asks, drafts, spare, pricing)
             wanted = [(i, a, min(n, cap)) for i, a, n in wanted]
         rows = [_Row(a.row, a.proposer.model, a.tokens, n) for _, a, n in wanted if n > 0]
         agree = pricing.agree if pricing is not None else None
         made = iter(self._draft(rows, agree) if rows else [])
-        for i, ask, n in wanted:
-            drafts[i] = next(made) if n > 0 else ask.proposer.fallback(ask.tokens, ask.k)
+        for i, _, n in wanted:
+            drafts[i] = next(made) if n > 0 else spare[i]
         return drafts
 
     def _plan(self, wanted: list[tuple[int, DraftAsk, int]], asks: Sequence[DraftAsk],
-              drafts: list[Draft | None], pricing: Pricing) -> int:  # fmt: skip
-        """How many steps pay for the round (``DraftPlan``: a probe now and then while none does)."""
+              drafts: list[Draft | None], spare: dict[int, Draft], pricing: Pricing) -> int:  # fmt: skip
+        """How many steps pay for the round (``DraftPlan``: a probe now and
+        then while none does), the rows' ``spare`` drafts (their fallbacks)
+        priced as what they verify if the model drafts none."""
         others = list(pricing.others)
         for ask, draft in zip(asks, drafts):
             if draft is not None and ask.offer is not None:  # copies
                 others.append(ask.offer.head(len(draft)))
+        idle = [
+            a.price(spare[i].key, len(spare[i])) if spare[i] and a.price else a.offer.head(0)
+            for i, a, _ in wanted
+        ]
         step = self.steps.price(len(self.rows), self.plan.costs)
         unseen = sum(max(1, len(a.tokens) - len(a.proposer.model.cached)) for _, a, _ in wanted)
         start = self.catch_ups.price(unseen, step, self.plan.costs)
-        return self.plan.drafts([a.offer.head(n) for _, a, n in wanted], others, step, start)
+        return self.plan.drafts([a.offer.head(n) for _, a, n in wanted], others, step, start, idle)
 
     def unread_seconds(self, costs: BatchCosts) -> float:
         forwards, rows, spent = self._unread

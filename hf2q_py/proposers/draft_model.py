@@ -50,6 +50,11 @@ DRAFT_PRIOR_RATE = 0.95
 DRAFT_PRIOR_SLOPE = 0.05
 
 
+#: Committed tokens a draft model may have left unread when its generation
+#: leaves a batch to go on alone (a round's drafts and the token after them).
+ALONE_BEHIND = 17
+
+
 def relative_cost(target: Target, draft: Target) -> float:
     """A prior for the cost of one draft-model step relative to a target decode:
     the ratio of their weights' bytes (decoding reads every weight once)."""
@@ -132,6 +137,11 @@ class DraftModelProposer(Proposer):
         """A round's drafts made on the host (none here), or how many drafts
         the model makes (a batch drafter asks this first)."""
         return k
+
+    def goes_alone(self, tokens: Sequence[int]) -> bool:
+        """Not while more committed tokens than a round's drafts are unread (a
+        row that copied in a batch): alone it would read them all before drafting."""
+        return len(tokens) - len(self.cached) <= ALONE_BEHIND
 
     def fallback(self, tokens: Sequence[int], k: int) -> Draft:
         """A batch row's drafts in a round its model drafts none for (no step
